@@ -1,0 +1,1 @@
+"""The client: registers datasets and reads iterations from the workers."""

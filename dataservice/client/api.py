@@ -1,0 +1,194 @@
+"""distribute(), register_dataset() and from_dataset_id(), argument for argument
+those of tf.data.experimental.service.
+
+Arguments are checked here, before any RPC. The dataset a client gets back
+is an ordinary tf.data.Dataset: a generator over IterationReader chunks,
+unbatched inside tf.data when elements are stacked, then mapped back to the
+element structure (composite tensors rebuilt from their components).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Optional, Tuple, Union
+
+import tensorflow as tf
+
+from dataservice import graph as graph_lib
+from dataservice import modes, rpc
+from dataservice.client.reader import IterationReader, JobSpec
+from dataservice.config import DEFAULT_CLIENT_TIMEOUT_MS
+from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
+from dataservice.wire import ElementCodec
+
+Service = Union[str, Tuple[str, str]]
+DatasetId = Union[str, bytes, int, tf.Tensor]
+
+# Chunks a client buffers when max_outstanding_requests is not given.
+DEFAULT_BUFFER_CHUNKS = 16
+
+
+def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
+    if dispatcher_timeout_ms is None:
+        return DEFAULT_CLIENT_TIMEOUT_MS / 1000
+    if not isinstance(dispatcher_timeout_ms, int) or dispatcher_timeout_ms <= 0:
+        raise ValueError(f"dispatcher_timeout_ms must be a positive integer, got {dispatcher_timeout_ms!r}")
+    return dispatcher_timeout_ms / 1000
+
+
+def _dispatcher(address: str) -> dispatcher_pb2_grpc.DispatcherServiceStub:
+    return dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(address))
+
+
+def _dataset_id_str(dataset_id: DatasetId) -> str:
+    if isinstance(dataset_id, tf.Tensor):
+        dataset_id = dataset_id.numpy()
+    if isinstance(dataset_id, bytes):
+        dataset_id = dataset_id.decode()
+    if isinstance(dataset_id, int) and not isinstance(dataset_id, bool):
+        dataset_id = str(dataset_id)
+    if not isinstance(dataset_id, str) or not dataset_id:
+        raise ValueError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+    return dataset_id
+
+
+def register_dataset(service: Service, dataset: tf.data.Dataset, compression: Optional[str] = "AUTO",
+                     dataset_id: Optional[DatasetId] = None, *,
+                     dispatcher_timeout_ms: Optional[int] = None) -> tf.Tensor:
+    """Registers `dataset` with the dispatcher and returns its id (a scalar string tensor).
+
+    The same pipeline registered twice gets the same id; a requested
+    `dataset_id` is used as given.
+    """
+    address = rpc.parse_service(service)
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
+    requested = "" if dataset_id is None else _dataset_id_str(dataset_id)
+    metadata = common_pb2.DatasetMetadata(
+        element_spec=graph_lib.encode_element_spec(dataset.element_spec),
+        compression=modes.parse_compression(compression),
+        cardinality=int(dataset.cardinality()),
+    )
+    graph_lib.check_element_spec(dataset.element_spec)
+    graph_bytes = graph_lib.serialize_dataset(dataset)
+    graph_lib.parse_graph(graph_bytes)
+    response = rpc.call(
+        _dispatcher(address).RegisterDataset,
+        dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=metadata, requested_dataset_id=requested),
+        server=f"dispatcher at {address}", what="registering a dataset", timeout_s=_timeout_s(dispatcher_timeout_ms),
+    )
+    return tf.constant(response.dataset_id)
+
+
+class _ReadOptions:
+    """The validated reading arguments shared by distribute() and from_dataset_id()."""
+
+    def __init__(self, processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
+                 data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms):
+        self.sharding_policy = modes.parse_processing_mode(processing_mode)
+        if job_name is not None and (not isinstance(job_name, str) or not job_name):
+            raise ValueError(f"job_name must be None or a non-empty string, got {job_name!r}")
+        if (consumer_index is None) != (num_consumers is None):
+            raise ValueError("consumer_index and num_consumers must be given together, or neither")
+        if num_consumers is not None:
+            if job_name is None:
+                raise ValueError("coordinated reads (consumer_index, num_consumers) need a job_name")
+            if not isinstance(num_consumers, int) or num_consumers <= 0:
+                raise ValueError(f"num_consumers must be a positive integer, got {num_consumers!r}")
+            if not isinstance(consumer_index, int) or not 0 <= consumer_index < num_consumers:
+                raise ValueError(f"consumer_index must be in [0, {num_consumers}), got {consumer_index!r}")
+            raise NotImplementedError("coordinated reads (consumer_index, num_consumers) are not supported yet")
+        if max_outstanding_requests is not None and (
+                not isinstance(max_outstanding_requests, int) or max_outstanding_requests <= 0):
+            raise ValueError(f"max_outstanding_requests must be a positive integer, got {max_outstanding_requests!r}")
+        modes.parse_data_transfer_protocol(data_transfer_protocol)
+        if cross_trainer_cache is not None:
+            raise NotImplementedError("cross_trainer_cache is not supported yet")
+        self.target_workers = modes.parse_target_workers(target_workers)
+        if self.target_workers == common_pb2.TARGET_WORKERS_LOCAL:
+            raise NotImplementedError("target_workers='LOCAL' is not supported yet; use 'AUTO' or 'ANY'")
+        self.job_name = job_name
+        self.num_consumers = num_consumers
+        self.buffer_chunks = max_outstanding_requests or DEFAULT_BUFFER_CHUNKS
+        self.timeout_s = _timeout_s(dispatcher_timeout_ms)
+
+
+def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinality: int,
+                     options: _ReadOptions) -> tf.data.Dataset:
+    graph_lib.check_element_spec(element_spec)
+    codec = ElementCodec(element_spec)
+    job = JobSpec(dataset_id, int(options.sharding_policy), options.job_name, options.num_consumers,
+                  options.target_workers)
+    # Each pass over the dataset is the next repetition: a new iteration of a named job.
+    repetitions = itertools.count()
+
+    def generate():
+        reader = IterationReader(address, job, next(repetitions), codec, options.buffer_chunks, options.timeout_s)
+        try:
+            yield from reader
+        finally:
+            reader.close()
+
+    if codec.stackable:
+        signature = tuple(tf.TensorSpec([None, *s.shape], s.dtype) for s in codec.component_specs)
+    else:
+        signature = tuple(codec.component_specs)
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    if codec.stackable:
+        dataset = dataset.unbatch()
+    dataset = dataset.map(lambda *components: tf.nest.pack_sequence_as(
+        element_spec, list(components), expand_composites=True))
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    return dataset
+
+
+def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: Service, dataset_id: DatasetId,
+                    element_spec: Any = None, job_name: Optional[str] = None,
+                    consumer_index: Optional[int] = None, num_consumers: Optional[int] = None,
+                    max_outstanding_requests: Optional[int] = None, data_transfer_protocol: Optional[str] = None,
+                    cross_trainer_cache: Any = None, target_workers: str = "AUTO", *,
+                    dispatcher_timeout_ms: Optional[int] = None) -> tf.data.Dataset:
+    """A dataset reading the registered dataset `dataset_id` from the service.
+
+    Without `element_spec` the spec is fetched from the dispatcher (and an
+    unknown id fails here, with NotFoundError).
+    """
+    address = rpc.parse_service(service)
+    dataset_id = _dataset_id_str(dataset_id)
+    options = _ReadOptions(processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
+                           data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
+    cardinality = tf.data.UNKNOWN_CARDINALITY
+    if element_spec is None:
+        metadata = rpc.call(
+            _dispatcher(address).GetDataServiceMetadata,
+            dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id),
+            server=f"dispatcher at {address}", what=f"fetching the element spec of dataset {dataset_id!r}",
+            timeout_s=options.timeout_s,
+        ).metadata
+        element_spec = graph_lib.decode_element_spec(metadata.element_spec)
+        cardinality = metadata.cardinality
+    return _service_dataset(address, dataset_id, element_spec, cardinality, options)
+
+
+def distribute(processing_mode: Union[str, modes.ShardingPolicy], service: Service, job_name: Optional[str] = None,
+               consumer_index: Optional[int] = None, num_consumers: Optional[int] = None,
+               max_outstanding_requests: Optional[int] = None, data_transfer_protocol: Optional[str] = None,
+               compression: Optional[str] = "AUTO", cross_trainer_cache: Any = None, target_workers: str = "AUTO",
+               *, dispatcher_timeout_ms: Optional[int] = None) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
+    """A transformation for Dataset.apply that moves the dataset's processing to the service.
+
+    >>> ds = tf.data.Dataset.range(10).apply(distribute("parallel_epochs", "grpc://localhost:5050"))
+    """
+    address = rpc.parse_service(service)
+    modes.parse_compression(compression)
+    options = _ReadOptions(processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
+                           data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
+
+    def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        dataset_id = register_dataset(address, dataset, compression=compression,
+                                      dispatcher_timeout_ms=dispatcher_timeout_ms)
+        return _service_dataset(address, _dataset_id_str(dataset_id), dataset.element_spec,
+                                int(dataset.cardinality()), options)
+
+    return apply

@@ -1,0 +1,130 @@
+"""Server configurations, field for field those of tf.data.experimental.service.
+
+Both are frozen dataclasses: a value is checked once, when it is built, so a
+server never starts on a configuration it cannot honour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+DEFAULT_JOB_GC_CHECK_INTERVAL_MS = 60_000
+DEFAULT_JOB_GC_TIMEOUT_MS = 300_000
+DEFAULT_WORKER_TIMEOUT_MS = 10_000
+DEFAULT_CLIENT_TIMEOUT_MS = 60_000
+DEFAULT_HEARTBEAT_INTERVAL_MS = 1_000
+DEFAULT_DISPATCHER_TIMEOUT_MS = 600_000
+
+
+def _check_port(port: int) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in [0, 65535] (0 picks a free port), got {port!r}")
+
+
+def _check_protocol(protocol: str) -> None:
+    if protocol != "grpc":
+        raise ValueError(f"protocol must be 'grpc', got {protocol!r}")
+
+
+def _positive_or_default(name: str, value: Optional[int], default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherConfig:
+    """Configuration of a DispatchServer.
+
+    port: the port to bind; 0 picks a free one.
+    protocol: "grpc".
+    work_dir: where the dispatcher keeps dataset graphs and, in
+      fault_tolerant_mode, its journal.
+    fault_tolerant_mode: journal every state change to work_dir so that a
+      restarted dispatcher loses nothing. Needs work_dir.
+    worker_addresses: the fixed list of workers, for static sharding.
+    job_gc_check_interval_ms / job_gc_timeout_ms: how often to look for, and
+      how long to keep, iterations that no client reads.
+    worker_timeout_ms: a worker silent for this long is considered gone.
+    client_timeout_ms: a client silent for this long is released.
+    """
+
+    port: int = 0
+    protocol: str = "grpc"
+    work_dir: Optional[str] = None
+    fault_tolerant_mode: bool = False
+    worker_addresses: Optional[Sequence[str]] = None
+    job_gc_check_interval_ms: Optional[int] = None
+    job_gc_timeout_ms: Optional[int] = None
+    worker_timeout_ms: Optional[int] = None
+    client_timeout_ms: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check_port(self.port)
+        _check_protocol(self.protocol)
+        if self.fault_tolerant_mode and not self.work_dir:
+            raise ValueError(
+                "fault_tolerant_mode=True needs a work_dir: the dispatcher journals its state there"
+            )
+        if self.worker_addresses is not None:
+            addresses = tuple(self.worker_addresses)
+            if isinstance(self.worker_addresses, str) or not all(
+                isinstance(a, str) and a for a in addresses
+            ):
+                raise ValueError(
+                    f"worker_addresses must be a list of 'host:port' strings, got {self.worker_addresses!r}"
+                )
+            object.__setattr__(self, "worker_addresses", addresses)
+        for name, default in (
+            ("job_gc_check_interval_ms", DEFAULT_JOB_GC_CHECK_INTERVAL_MS),
+            ("job_gc_timeout_ms", DEFAULT_JOB_GC_TIMEOUT_MS),
+            ("worker_timeout_ms", DEFAULT_WORKER_TIMEOUT_MS),
+            ("client_timeout_ms", DEFAULT_CLIENT_TIMEOUT_MS),
+        ):
+            object.__setattr__(self, name, _positive_or_default(name, getattr(self, name), default))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """Configuration of a WorkerServer.
+
+    dispatcher_address: "host:port" of the dispatcher (a "grpc://" prefix is accepted).
+    worker_address: the address clients use to reach this worker;
+      "%port%" is replaced by the bound port. Default: "localhost:%port%".
+    port: the port to bind; 0 picks a free one.
+    heartbeat_interval_ms: how often the worker reports to the dispatcher.
+    dispatcher_timeout_ms: how long the worker keeps retrying an unreachable dispatcher.
+    """
+
+    dispatcher_address: str
+    worker_address: Optional[str] = None
+    port: int = 0
+    protocol: str = "grpc"
+    heartbeat_interval_ms: Optional[int] = None
+    dispatcher_timeout_ms: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        from dataservice.rpc import strip_protocol  # local import: rpc imports grpc, config stays light
+
+        if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
+            raise ValueError(f"dispatcher_address must be 'host:port', got {self.dispatcher_address!r}")
+        object.__setattr__(self, "dispatcher_address", strip_protocol(self.dispatcher_address))
+        _check_port(self.port)
+        _check_protocol(self.protocol)
+        if self.worker_address is None:
+            object.__setattr__(self, "worker_address", "localhost:%port%")
+        elif not isinstance(self.worker_address, str) or not self.worker_address:
+            raise ValueError(f"worker_address must be 'host:port', got {self.worker_address!r}")
+        object.__setattr__(
+            self,
+            "heartbeat_interval_ms",
+            _positive_or_default("heartbeat_interval_ms", self.heartbeat_interval_ms, DEFAULT_HEARTBEAT_INTERVAL_MS),
+        )
+        object.__setattr__(
+            self,
+            "dispatcher_timeout_ms",
+            _positive_or_default("dispatcher_timeout_ms", self.dispatcher_timeout_ms, DEFAULT_DISPATCHER_TIMEOUT_MS),
+        )

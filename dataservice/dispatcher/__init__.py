@@ -1,0 +1,1 @@
+"""The dispatcher: state machine, journal and gRPC server."""

@@ -1,0 +1,52 @@
+"""Where the dispatcher keeps registered dataset graphs.
+
+Graphs can be large (a from_tensor_slices embeds its data), so they are kept
+apart from the state: in memory, or, with a work_dir, one file per dataset
+under <work_dir>/datasets/, written before the update that registers it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+from typing import Dict, Optional
+
+
+class DatasetStore:
+    def __init__(self, work_dir: Optional[str]):
+        self._dir = pathlib.Path(work_dir) / "datasets" if work_dir else None
+        self._graphs: Dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        if self._dir is not None:
+            self._dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, dataset_id: str) -> pathlib.Path:
+        assert self._dir is not None
+        # Ids are user-chosen strings: hex-encode them into a safe file name.
+        return self._dir / (dataset_id.encode().hex() + ".graphdef")
+
+    def put(self, dataset_id: str, graph_def: bytes) -> None:
+        """Stores the graph durably (fsync, atomic rename) before returning."""
+        with self._lock:
+            self._graphs[dataset_id] = graph_def
+        if self._dir is None:
+            return
+        path = self._path(dataset_id)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(graph_def)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def get(self, dataset_id: str) -> Optional[bytes]:
+        with self._lock:
+            graph = self._graphs.get(dataset_id)
+        if graph is None and self._dir is not None:
+            path = self._path(dataset_id)
+            if path.exists():
+                graph = path.read_bytes()
+                with self._lock:
+                    self._graphs[dataset_id] = graph
+        return graph

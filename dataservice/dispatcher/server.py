@@ -1,0 +1,72 @@
+"""DispatchServer: the dispatcher as a gRPC server (as tf.data.experimental.service.DispatchServer)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Optional
+
+from dataservice import server_util
+from dataservice.config import DispatcherConfig
+from dataservice.dispatcher.service import DispatcherService
+from dataservice.v1 import dispatcher_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class DispatchServer:
+    """The dispatcher of a dataservice cluster.
+
+    >>> dispatcher = DispatchServer()            # binds a free port and starts
+    >>> dispatcher.target                        # 'grpc://localhost:PORT'
+    """
+
+    def __init__(self, config: Optional[DispatcherConfig] = None, start: bool = True):
+        self._config = config or DispatcherConfig()
+        if not isinstance(self._config, DispatcherConfig):
+            raise TypeError(f"config must be a DispatcherConfig, got {type(self._config).__name__}")
+        self._server = server_util.new_server(max_workers=32)
+        self._port = server_util.bind(self._server, self._config.port)
+        self._service = DispatcherService(self._config, address=lambda: self._address)
+        dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._service, self._server)
+        self._started = False
+        self._stopped = threading.Event()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Starts serving. Calling it again does nothing."""
+        if not self._started:
+            self._server.start()
+            self._started = True
+            log.info("dispatcher serving on port %d", self._port)
+
+    def join(self) -> None:
+        """Blocks until the server stops."""
+        self._stopped.wait()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stops serving; in-flight RPCs get `grace_s` seconds to finish."""
+        if self._stopped.is_set():
+            return
+        self._service.stop()
+        self._server.stop(grace_s).wait()
+        self._stopped.set()
+
+    @property
+    def target(self) -> str:
+        return f"grpc://localhost:{self._port}"
+
+    @property
+    def _address(self) -> str:
+        return f"localhost:{self._port}"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def __enter__(self) -> "DispatchServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

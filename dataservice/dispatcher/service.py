@@ -1,0 +1,353 @@
+"""The dispatcher's RPC handlers.
+
+Each handler validates its request, turns the change it asks for into Update
+messages and commits them (journal, then DispatcherState.apply) under one
+lock. Liveness (when a client or worker was last heard from) is runtime
+bookkeeping, not state: after a restart every peer is given a fresh timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import grpc
+import tensorflow as tf
+
+from dataservice import graph as graph_lib
+from dataservice import rpc
+from dataservice.config import DispatcherConfig
+from dataservice.dispatcher.dataset_store import DatasetStore
+from dataservice.dispatcher.state import DispatcherState, Iteration
+from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, journal_pb2, worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_SUPPORTED_POLICIES = {common_pb2.SHARDING_POLICY_OFF}
+_POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
+_TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
+
+
+class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
+    def __init__(self, config: DispatcherConfig, address: Callable[[], str],
+                 journal_append: Optional[Callable[[journal_pb2.Update], None]] = None,
+                 state: Optional[DispatcherState] = None):
+        self._config = config
+        self._address = address
+        self._journal_append = journal_append
+        self._state = state or DispatcherState()
+        self._datasets = DatasetStore(config.work_dir)
+        self._lock = threading.RLock()
+        now = time.monotonic()
+        self._client_seen: Dict[int, float] = {c: now for c in self._state.iteration_clients}
+        self._idle_since: Dict[int, float] = {}
+        self._worker_stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
+        self._push_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="task-push")
+        self._stopped = threading.Event()
+        self._gc_thread = threading.Thread(target=self._gc_loop, name="dispatcher-gc", daemon=True)
+        self._gc_thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._push_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- committing changes ---------------------------------------------
+
+    def _commit(self, **change) -> None:
+        """Journals, then applies, one Update. Call with self._lock held."""
+        update = journal_pb2.Update(**change)
+        if self._journal_append is not None:
+            self._journal_append(update)
+        self._state.apply(update)
+
+    def _where(self) -> str:
+        return f"the dispatcher at {self._address()}"
+
+    # ---- datasets --------------------------------------------------------
+
+    @rpc.handler
+    def RegisterDataset(self, request, context):
+        try:
+            graph = graph_lib.parse_graph(request.graph_def)
+            element_spec = graph_lib.decode_element_spec(request.metadata.element_spec)
+            graph_lib.check_element_spec(element_spec)
+        except graph_lib.InvalidDatasetError as e:
+            raise rpc.invalid_argument(f"cannot register the dataset: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a malformed spec proto raises many kinds
+            raise rpc.invalid_argument(f"cannot register the dataset: unreadable element_spec ({e})") from None
+        try:
+            graph_lib.dataset_from_graph(request.graph_def, element_spec)
+        except (tf.errors.OpError, ValueError, TypeError) as e:
+            message = getattr(e, "message", str(e))
+            raise rpc.invalid_argument(f"cannot register the dataset: its graph does not import ({message})") from None
+        fingerprint = graph_lib.fingerprint(graph)
+        requested = request.requested_dataset_id
+        with self._lock:
+            if requested:
+                existing = self._state.datasets.get(requested)
+                if existing is not None:
+                    if existing.fingerprint != fingerprint:
+                        raise rpc.ServiceError(
+                            grpc.StatusCode.ALREADY_EXISTS,
+                            f"dataset id {requested!r} is already registered with a different dataset",
+                        )
+                    return dispatcher_pb2.RegisterDatasetResponse(dataset_id=requested)
+                dataset_id = requested
+            else:
+                known = self._state.dataset_by_fingerprint.get(fingerprint)
+                if known is not None:
+                    return dispatcher_pb2.RegisterDatasetResponse(dataset_id=known)
+                dataset_id = self._state.next_dataset_id()
+            self._datasets.put(dataset_id, request.graph_def)
+            self._commit(register_dataset=journal_pb2.RegisterDatasetUpdate(
+                dataset_id=dataset_id, fingerprint=fingerprint, metadata=request.metadata))
+        log.info("registered dataset %s", dataset_id)
+        return dispatcher_pb2.RegisterDatasetResponse(dataset_id=dataset_id)
+
+    def _dataset(self, dataset_id: str):
+        if not dataset_id:
+            raise rpc.invalid_argument("dataset_id must not be empty")
+        dataset = self._state.datasets.get(dataset_id)
+        if dataset is None:
+            raise rpc.not_found(
+                f"dataset id {dataset_id!r} is not registered with {self._where()}; "
+                "register it with register_dataset() first"
+            )
+        return dataset
+
+    @rpc.handler
+    def GetDataServiceMetadata(self, request, context):
+        with self._lock:
+            return dispatcher_pb2.GetDataServiceMetadataResponse(metadata=self._dataset(request.dataset_id).metadata)
+
+    @rpc.handler
+    def GetElementSpec(self, request, context):
+        with self._lock:
+            spec = self._dataset(request.dataset_id).metadata.element_spec
+        return dispatcher_pb2.GetElementSpecResponse(element_spec=spec)
+
+    @rpc.handler
+    def GetDatasetDef(self, request, context):
+        with self._lock:
+            metadata = self._dataset(request.dataset_id).metadata
+        graph_def = self._datasets.get(request.dataset_id)
+        if graph_def is None:
+            raise rpc.failed_precondition(f"the graph of dataset {request.dataset_id!r} is missing from the work_dir")
+        return dispatcher_pb2.GetDatasetDefResponse(graph_def=graph_def, metadata=metadata)
+
+    # ---- jobs and iterations ---------------------------------------------
+
+    @rpc.handler
+    def GetOrCreateJob(self, request, context):
+        policy = request.processing_mode.sharding_policy
+        if policy not in _POLICY_NAMES:
+            raise rpc.invalid_argument(f"unknown sharding policy {policy}")
+        if policy not in _SUPPORTED_POLICIES:
+            raise rpc.ServiceError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"{_POLICY_NAMES[policy]} is not supported by this dispatcher yet; use processing_mode='parallel_epochs'",
+            )
+        if request.num_consumers < 0:
+            raise rpc.invalid_argument(f"num_consumers must be >= 0, got {request.num_consumers}")
+        if request.num_consumers and not request.job_name:
+            raise rpc.invalid_argument("coordinated reads (num_consumers) need a job_name")
+        if request.num_consumers:
+            raise rpc.ServiceError(grpc.StatusCode.UNIMPLEMENTED, "coordinated reads are not supported yet")
+        with self._lock:
+            self._dataset(request.dataset_id)
+            if request.job_name and request.job_name in self._state.job_by_name:
+                job = self._state.jobs[self._state.job_by_name[request.job_name]]
+                self._check_same_job(job, request)
+                return dispatcher_pb2.GetOrCreateJobResponse(job_id=job.job_id)
+            job_id = self._state.next_id("job")
+            self._commit(create_job=journal_pb2.CreateJobUpdate(
+                job_id=job_id, dataset_id=request.dataset_id, processing_mode=request.processing_mode,
+                job_name=request.job_name, num_consumers=request.num_consumers,
+                target_workers=request.target_workers))
+        return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
+
+    @staticmethod
+    def _check_same_job(job, request) -> None:
+        mismatches = []
+        if job.dataset_id != request.dataset_id:
+            mismatches.append(f"dataset {job.dataset_id!r} vs {request.dataset_id!r}")
+        if job.sharding_policy != request.processing_mode.sharding_policy:
+            mismatches.append(
+                f"processing mode {_POLICY_NAMES[job.sharding_policy]} vs "
+                f"{_POLICY_NAMES[request.processing_mode.sharding_policy]}")
+        if job.num_consumers != request.num_consumers:
+            mismatches.append(f"num_consumers {job.num_consumers} vs {request.num_consumers}")
+        if job.target_workers != request.target_workers:
+            mismatches.append(
+                f"target_workers {_TARGET_NAMES[job.target_workers]} vs {_TARGET_NAMES[request.target_workers]}")
+        if mismatches:
+            raise rpc.invalid_argument(
+                f"job {job.job_name!r} already exists with different arguments: " + "; ".join(mismatches))
+
+    @rpc.handler
+    def GetOrCreateIteration(self, request, context):
+        new_tasks: List[common_pb2.TaskDef] = []
+        with self._lock:
+            job = self._state.jobs.get(request.job_id)
+            if job is None:
+                raise rpc.not_found(
+                    f"job {request.job_id} is not known to {self._where()} "
+                    "(did the dispatcher restart without fault_tolerant_mode?)")
+            if request.repetition < 0:
+                raise rpc.invalid_argument(f"repetition must be >= 0, got {request.repetition}")
+            iteration_id = job.iterations.get(request.repetition)
+            if iteration_id is None:
+                iteration_id = self._state.next_id("iteration")
+                self._commit(create_iteration=journal_pb2.CreateIterationUpdate(
+                    iteration_id=iteration_id, job_id=job.job_id, repetition=request.repetition))
+                for worker_address in sorted(self._state.workers):
+                    new_tasks.append(self._create_task(self._state.iterations[iteration_id], worker_address))
+            client_id = self._state.next_id("client")
+            self._commit(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                iteration_client_id=client_id, iteration_id=iteration_id))
+            self._client_seen[client_id] = time.monotonic()
+            self._idle_since.pop(iteration_id, None)
+        for task in new_tasks:
+            self._push_task(task)
+        return dispatcher_pb2.GetOrCreateIterationResponse(iteration_client_id=client_id, iteration_id=iteration_id)
+
+    def _create_task(self, iteration: Iteration, worker_address: str) -> common_pb2.TaskDef:
+        task_id = self._state.next_id("task")
+        self._commit(create_task=journal_pb2.CreateTaskUpdate(
+            task_id=task_id, iteration_id=iteration.iteration_id, worker_address=worker_address))
+        return self._state.task_def(self._state.tasks[task_id])
+
+    def _push_task(self, task: common_pb2.TaskDef) -> None:
+        """Tells the worker about a new task now rather than at its next heartbeat (best effort)."""
+        def push() -> None:
+            try:
+                stub = self._worker_stub(task.worker_address)
+                stub.ProcessTask(worker_pb2.ProcessTaskRequest(task=task), timeout=5)
+            except grpc.RpcError as e:
+                log.info("could not push task %d to %s (%s); its heartbeat will deliver it",
+                         task.task_id, task.worker_address, e.code().name)
+        try:
+            self._push_pool.submit(push)
+        except RuntimeError:  # the dispatcher is stopping
+            pass
+
+    def _worker_stub(self, address: str) -> worker_pb2_grpc.WorkerServiceStub:
+        with self._lock:
+            stub = self._worker_stubs.get(address)
+            if stub is None:
+                stub = worker_pb2_grpc.WorkerServiceStub(rpc.make_channel(address))
+                self._worker_stubs[address] = stub
+            return stub
+
+    # ---- clients ---------------------------------------------------------
+
+    def _client_iteration(self, client_id: int) -> Iteration:
+        iteration = self._state.iteration_of_client(client_id)
+        if iteration is None:
+            raise rpc.not_found(
+                f"iteration client {client_id} is not known to {self._where()}: it was released, timed out, "
+                "or the dispatcher restarted without fault_tolerant_mode")
+        return iteration
+
+    @rpc.handler
+    def ClientHeartbeat(self, request, context):
+        with self._lock:
+            iteration = self._client_iteration(request.iteration_client_id)
+            self._client_seen[request.iteration_client_id] = time.monotonic()
+            response = dispatcher_pb2.ClientHeartbeatResponse(iteration_finished=iteration.finished)
+            for task, worker in self._state.task_infos(iteration):
+                response.tasks.add(task_id=task.task_id, worker_address=worker.address,
+                                   transfer_address=worker.transfer_address, finished=task.finished)
+        return response
+
+    @rpc.handler
+    def ReleaseIterationClient(self, request, context):
+        with self._lock:
+            self._client_iteration(request.iteration_client_id)
+            self._release_client(request.iteration_client_id)
+        return dispatcher_pb2.ReleaseIterationClientResponse()
+
+    def _release_client(self, client_id: int) -> None:
+        iteration = self._state.iteration_of_client(client_id)
+        self._commit(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=client_id))
+        self._client_seen.pop(client_id, None)
+        if iteration.client_ids or iteration.finished:
+            return
+        if self._state.jobs[iteration.job_id].job_name:
+            # Another client may still join a named job: keep it until job_gc_timeout_ms.
+            self._idle_since[iteration.iteration_id] = time.monotonic()
+        else:
+            self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration.iteration_id))
+
+    def _gc_loop(self) -> None:
+        """Releases silent clients and ends named iterations nobody reads."""
+        interval_s = min(self._config.job_gc_check_interval_ms, self._config.client_timeout_ms) / 1000
+        while not self._stopped.wait(interval_s):
+            try:
+                self._collect_garbage(time.monotonic())
+            except Exception:  # noqa: BLE001 - keep collecting on the next round
+                log.exception("garbage collection failed")
+
+    def _collect_garbage(self, now: float) -> None:
+        with self._lock:
+            for client_id, seen in list(self._client_seen.items()):
+                if now - seen > self._config.client_timeout_ms / 1000 and client_id in self._state.iteration_clients:
+                    log.info("releasing iteration client %d: no heartbeat for %.1f s", client_id, now - seen)
+                    self._release_client(client_id)
+            for iteration_id, since in list(self._idle_since.items()):
+                iteration = self._state.iterations[iteration_id]
+                if iteration.client_ids or iteration.finished:
+                    del self._idle_since[iteration_id]
+                elif now - since > self._config.job_gc_timeout_ms / 1000:
+                    log.info("ending iteration %d: no client for %.1f s", iteration_id, now - since)
+                    self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration_id))
+                    del self._idle_since[iteration_id]
+
+    @rpc.handler
+    def GetWorkers(self, request, context):
+        with self._lock:
+            return dispatcher_pb2.GetWorkersResponse(workers=[
+                dispatcher_pb2.WorkerInfo(address=w.address, transfer_address=w.transfer_address)
+                for w in self._state.workers.values()])
+
+    # ---- workers ---------------------------------------------------------
+
+    @rpc.handler
+    def WorkerHeartbeat(self, request, context):
+        address = request.worker_address
+        if not address:
+            raise rpc.invalid_argument("worker_address must not be empty")
+        with self._lock:
+            if address not in self._state.workers:
+                self._commit(register_worker=journal_pb2.RegisterWorkerUpdate(
+                    worker_address=address, transfer_address=request.transfer_address or address))
+                log.info("worker %s registered", address)
+                for iteration in list(self._state.unfinished_iterations()):
+                    if not self._state.iteration_has_task_on(iteration, address):
+                        self._create_task(iteration, address)
+            active = {t.task_id: t for t in self._state.active_tasks_of_worker(address)}
+            current = set(request.current_tasks)
+            response = dispatcher_pb2.WorkerHeartbeatResponse(
+                new_tasks=[self._state.task_def(t) for tid, t in sorted(active.items()) if tid not in current],
+                tasks_to_delete=sorted(current - set(active)),
+            )
+        return response
+
+    @rpc.handler
+    def WorkerUpdate(self, request, context):
+        with self._lock:
+            if request.worker_address not in self._state.workers:
+                raise rpc.not_found(f"worker {request.worker_address!r} is not registered with {self._where()}")
+            for task_id in request.finished_tasks:
+                task = self._state.tasks.get(task_id)
+                if task is None:
+                    raise rpc.not_found(f"task {task_id} is not known to {self._where()}")
+                if task.worker_address != request.worker_address:
+                    raise rpc.invalid_argument(
+                        f"task {task_id} belongs to worker {task.worker_address}, not {request.worker_address}")
+                if not task.finished:
+                    self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
+        return dispatcher_pb2.WorkerUpdateResponse()

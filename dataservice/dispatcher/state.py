@@ -1,0 +1,187 @@
+"""The dispatcher's state and the one function that changes it.
+
+Every change is an Update proto (proto/dataservice/v1/journal.proto). The
+server validates a change, journals the Update, then calls
+DispatcherState.apply(update). Replaying a journal through apply() rebuilds
+the same state, so apply() reads nothing but the update and the state: no
+clock, no I/O, no locks, no randomness. Queries are plain methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+from dataservice.v1 import common_pb2, journal_pb2
+
+
+@dataclasses.dataclass
+class Dataset:
+    dataset_id: str
+    fingerprint: str
+    metadata: common_pb2.DatasetMetadata
+
+
+@dataclasses.dataclass
+class Worker:
+    address: str
+    transfer_address: str
+
+
+@dataclasses.dataclass
+class Job:
+    job_id: int
+    dataset_id: str
+    sharding_policy: int
+    job_name: str
+    num_consumers: int
+    target_workers: int
+    # repetition -> iteration id
+    iterations: Dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Iteration:
+    iteration_id: int
+    job_id: int
+    repetition: int
+    task_ids: List[int] = dataclasses.field(default_factory=list)
+    client_ids: Set[int] = dataclasses.field(default_factory=set)
+    # Every task finished, or the iteration was ended early.
+    finished: bool = False
+
+
+@dataclasses.dataclass
+class Task:
+    task_id: int
+    iteration_id: int
+    worker_address: str
+    finished: bool = False
+
+
+class DispatcherState:
+    """Datasets, workers, jobs, iterations, tasks and iteration clients."""
+
+    def __init__(self) -> None:
+        self.datasets: Dict[str, Dataset] = {}
+        self.dataset_by_fingerprint: Dict[str, str] = {}
+        self.workers: Dict[str, Worker] = {}
+        self.jobs: Dict[int, Job] = {}
+        self.job_by_name: Dict[str, int] = {}
+        self.iterations: Dict[int, Iteration] = {}
+        self.tasks: Dict[int, Task] = {}
+        self.tasks_by_worker: Dict[str, List[int]] = {}
+        # iteration client id -> iteration id
+        self.iteration_clients: Dict[int, int] = {}
+        self._next_ids = {"dataset": 1, "job": 1, "iteration": 1, "task": 1, "client": 1}
+
+    # ---- the one mutator -------------------------------------------------
+
+    def apply(self, update: journal_pb2.Update) -> None:
+        kind = update.WhichOneof("kind")
+        if kind is None:
+            raise ValueError("an Update with no change in it")
+        getattr(self, "_apply_" + kind)(getattr(update, kind))
+
+    def _apply_register_dataset(self, u: journal_pb2.RegisterDatasetUpdate) -> None:
+        metadata = common_pb2.DatasetMetadata()
+        metadata.CopyFrom(u.metadata)
+        self.datasets[u.dataset_id] = Dataset(u.dataset_id, u.fingerprint, metadata)
+        self.dataset_by_fingerprint.setdefault(u.fingerprint, u.dataset_id)
+        if u.dataset_id.isdigit():
+            self._bump("dataset", int(u.dataset_id))
+
+    def _apply_register_worker(self, u: journal_pb2.RegisterWorkerUpdate) -> None:
+        self.workers[u.worker_address] = Worker(u.worker_address, u.transfer_address)
+        self.tasks_by_worker.setdefault(u.worker_address, [])
+
+    def _apply_create_job(self, u: journal_pb2.CreateJobUpdate) -> None:
+        self.jobs[u.job_id] = Job(
+            job_id=u.job_id,
+            dataset_id=u.dataset_id,
+            sharding_policy=u.processing_mode.sharding_policy,
+            job_name=u.job_name,
+            num_consumers=u.num_consumers,
+            target_workers=u.target_workers,
+        )
+        if u.job_name:
+            self.job_by_name[u.job_name] = u.job_id
+        self._bump("job", u.job_id)
+
+    def _apply_create_iteration(self, u: journal_pb2.CreateIterationUpdate) -> None:
+        self.iterations[u.iteration_id] = Iteration(u.iteration_id, u.job_id, u.repetition)
+        self.jobs[u.job_id].iterations[u.repetition] = u.iteration_id
+        self._bump("iteration", u.iteration_id)
+
+    def _apply_create_task(self, u: journal_pb2.CreateTaskUpdate) -> None:
+        self.tasks[u.task_id] = Task(u.task_id, u.iteration_id, u.worker_address)
+        self.iterations[u.iteration_id].task_ids.append(u.task_id)
+        self.tasks_by_worker.setdefault(u.worker_address, []).append(u.task_id)
+        self._bump("task", u.task_id)
+
+    def _apply_finish_task(self, u: journal_pb2.FinishTaskUpdate) -> None:
+        task = self.tasks[u.task_id]
+        task.finished = True
+        iteration = self.iterations[task.iteration_id]
+        if all(self.tasks[t].finished for t in iteration.task_ids):
+            iteration.finished = True
+
+    def _apply_acquire_iteration_client(self, u: journal_pb2.AcquireIterationClientUpdate) -> None:
+        self.iteration_clients[u.iteration_client_id] = u.iteration_id
+        self.iterations[u.iteration_id].client_ids.add(u.iteration_client_id)
+        self._bump("client", u.iteration_client_id)
+
+    def _apply_release_iteration_client(self, u: journal_pb2.ReleaseIterationClientUpdate) -> None:
+        iteration_id = self.iteration_clients.pop(u.iteration_client_id)
+        self.iterations[iteration_id].client_ids.discard(u.iteration_client_id)
+
+    def _apply_finish_iteration(self, u: journal_pb2.FinishIterationUpdate) -> None:
+        self.iterations[u.iteration_id].finished = True
+
+    def _bump(self, kind: str, used_id: int) -> None:
+        self._next_ids[kind] = max(self._next_ids[kind], used_id + 1)
+
+    # ---- queries ---------------------------------------------------------
+
+    def next_id(self, kind: str) -> int:
+        """The id the next created object of `kind` gets (the caller puts it in the Update)."""
+        return self._next_ids[kind]
+
+    def next_dataset_id(self) -> str:
+        candidate = self._next_ids["dataset"]
+        while str(candidate) in self.datasets:
+            candidate += 1
+        return str(candidate)
+
+    def iteration_of_client(self, iteration_client_id: int) -> Optional[Iteration]:
+        iteration_id = self.iteration_clients.get(iteration_client_id)
+        return None if iteration_id is None else self.iterations[iteration_id]
+
+    def unfinished_iterations(self) -> Iterator[Iteration]:
+        return (it for it in self.iterations.values() if not it.finished)
+
+    def iteration_has_task_on(self, iteration: Iteration, worker_address: str) -> bool:
+        return any(self.tasks[t].worker_address == worker_address for t in iteration.task_ids)
+
+    def active_tasks_of_worker(self, worker_address: str) -> List[Task]:
+        """Tasks the worker should be running: not finished, in an unfinished iteration."""
+        return [
+            self.tasks[t]
+            for t in self.tasks_by_worker.get(worker_address, [])
+            if not self.tasks[t].finished and not self.iterations[self.tasks[t].iteration_id].finished
+        ]
+
+    def task_def(self, task: Task) -> common_pb2.TaskDef:
+        iteration = self.iterations[task.iteration_id]
+        job = self.jobs[iteration.job_id]
+        return common_pb2.TaskDef(
+            task_id=task.task_id,
+            iteration_id=task.iteration_id,
+            job_id=job.job_id,
+            dataset_id=job.dataset_id,
+            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
+            worker_address=task.worker_address,
+        )
+
+    def task_infos(self, iteration: Iteration) -> List[Tuple[Task, Worker]]:
+        return [(self.tasks[t], self.workers[self.tasks[t].worker_address]) for t in iteration.task_ids]

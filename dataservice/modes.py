@@ -1,0 +1,78 @@
+"""Processing modes, sharding policies and the other enumerated client options.
+
+Validation happens here, on the client, before any RPC: a bad value is a
+ValueError that names the argument and the values it accepts.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional, Union
+
+from dataservice.v1 import common_pb2
+
+
+class ShardingPolicy(enum.IntEnum):
+    """How a dataset is divided between workers (as tf.data.experimental.service.ShardingPolicy).
+
+    OFF: every worker processes the whole dataset ("parallel_epochs").
+    DYNAMIC: the dispatcher hands out splits of the source ("distributed_epoch").
+    FILE, DATA, FILE_OR_DATA, HINT: static sharding by worker index, for a
+    dispatcher configured with a fixed `worker_addresses` list.
+    """
+
+    OFF = 0
+    DYNAMIC = 1
+    FILE = 2
+    DATA = 3
+    FILE_OR_DATA = 4
+    HINT = 5
+
+    def to_proto(self) -> common_pb2.ProcessingModeDef:
+        return common_pb2.ProcessingModeDef(sharding_policy=int(self))
+
+
+_MODE_NAMES = {"parallel_epochs": ShardingPolicy.OFF, "distributed_epoch": ShardingPolicy.DYNAMIC}
+
+
+def parse_processing_mode(processing_mode: Union[str, ShardingPolicy]) -> ShardingPolicy:
+    """Maps "parallel_epochs", "distributed_epoch" or a ShardingPolicy to a ShardingPolicy."""
+    if isinstance(processing_mode, ShardingPolicy):
+        return processing_mode
+    if isinstance(processing_mode, str) and processing_mode in _MODE_NAMES:
+        return _MODE_NAMES[processing_mode]
+    raise ValueError(
+        f"processing_mode must be 'parallel_epochs', 'distributed_epoch' or a ShardingPolicy, "
+        f"got {processing_mode!r}"
+    )
+
+
+_COMPRESSIONS = {"AUTO": common_pb2.COMPRESSION_AUTO, None: common_pb2.COMPRESSION_NONE}
+
+
+def parse_compression(compression: Optional[str]) -> int:
+    """Maps the `compression` argument ("AUTO" or None) to its proto enum value."""
+    if compression not in _COMPRESSIONS:
+        raise ValueError(f"compression must be 'AUTO' or None, got {compression!r}")
+    return _COMPRESSIONS[compression]
+
+
+_TARGET_WORKERS = {
+    "AUTO": common_pb2.TARGET_WORKERS_AUTO,
+    "ANY": common_pb2.TARGET_WORKERS_ANY,
+    "LOCAL": common_pb2.TARGET_WORKERS_LOCAL,
+}
+
+
+def parse_target_workers(target_workers: str) -> int:
+    """Maps "AUTO", "ANY" or "LOCAL" (any case) to its proto enum value."""
+    key = target_workers.upper() if isinstance(target_workers, str) else target_workers
+    if key not in _TARGET_WORKERS:
+        raise ValueError(f"target_workers must be 'AUTO', 'ANY' or 'LOCAL', got {target_workers!r}")
+    return _TARGET_WORKERS[key]
+
+
+def parse_data_transfer_protocol(protocol: Optional[str]) -> None:
+    """Only gRPC carries data today; None means the default (gRPC)."""
+    if protocol not in (None, "grpc"):
+        raise ValueError(f"data_transfer_protocol must be None or 'grpc', got {protocol!r}")

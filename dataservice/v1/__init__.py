@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC modules (proto/generate.py writes them)."""

@@ -1,0 +1,103 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ShardingPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARDING_POLICY_OFF: _ClassVar[ShardingPolicy]
+    SHARDING_POLICY_DYNAMIC: _ClassVar[ShardingPolicy]
+    SHARDING_POLICY_FILE: _ClassVar[ShardingPolicy]
+    SHARDING_POLICY_DATA: _ClassVar[ShardingPolicy]
+    SHARDING_POLICY_FILE_OR_DATA: _ClassVar[ShardingPolicy]
+    SHARDING_POLICY_HINT: _ClassVar[ShardingPolicy]
+
+class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_AUTO: _ClassVar[Compression]
+    COMPRESSION_NONE: _ClassVar[Compression]
+
+class TargetWorkers(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TARGET_WORKERS_AUTO: _ClassVar[TargetWorkers]
+    TARGET_WORKERS_ANY: _ClassVar[TargetWorkers]
+    TARGET_WORKERS_LOCAL: _ClassVar[TargetWorkers]
+SHARDING_POLICY_OFF: ShardingPolicy
+SHARDING_POLICY_DYNAMIC: ShardingPolicy
+SHARDING_POLICY_FILE: ShardingPolicy
+SHARDING_POLICY_DATA: ShardingPolicy
+SHARDING_POLICY_FILE_OR_DATA: ShardingPolicy
+SHARDING_POLICY_HINT: ShardingPolicy
+COMPRESSION_AUTO: Compression
+COMPRESSION_NONE: Compression
+TARGET_WORKERS_AUTO: TargetWorkers
+TARGET_WORKERS_ANY: TargetWorkers
+TARGET_WORKERS_LOCAL: TargetWorkers
+
+class ProcessingModeDef(_message.Message):
+    __slots__ = ("sharding_policy",)
+    SHARDING_POLICY_FIELD_NUMBER: _ClassVar[int]
+    sharding_policy: ShardingPolicy
+    def __init__(self, sharding_policy: _Optional[_Union[ShardingPolicy, str]] = ...) -> None: ...
+
+class DatasetMetadata(_message.Message):
+    __slots__ = ("element_spec", "compression", "cardinality")
+    ELEMENT_SPEC_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    CARDINALITY_FIELD_NUMBER: _ClassVar[int]
+    element_spec: bytes
+    compression: Compression
+    cardinality: int
+    def __init__(self, element_spec: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., cardinality: _Optional[int] = ...) -> None: ...
+
+class TaskDef(_message.Message):
+    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_MODE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    iteration_id: int
+    job_id: int
+    dataset_id: str
+    processing_mode: ProcessingModeDef
+    worker_address: str
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ...) -> None: ...
+
+class TaskInfo(_message.Message):
+    __slots__ = ("task_id", "worker_address", "transfer_address", "finished")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    worker_address: str
+    transfer_address: str
+    finished: bool
+    def __init__(self, task_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class TensorData(_message.Message):
+    __slots__ = ("dtype", "shape", "data", "string_lengths")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STRING_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    dtype: int
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    string_lengths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dtype: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., string_lengths: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ElementChunk(_message.Message):
+    __slots__ = ("num_elements", "components")
+    NUM_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    num_elements: int
+    components: _containers.RepeatedCompositeFieldContainer[TensorData]
+    def __init__(self, num_elements: _Optional[int] = ..., components: _Optional[_Iterable[_Union[TensorData, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,170 @@
+from dataservice.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterDatasetRequest(_message.Message):
+    __slots__ = ("graph_def", "metadata", "requested_dataset_id")
+    GRAPH_DEF_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_def: bytes
+    metadata: _common_pb2.DatasetMetadata
+    requested_dataset_id: str
+    def __init__(self, graph_def: _Optional[bytes] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ..., requested_dataset_id: _Optional[str] = ...) -> None: ...
+
+class RegisterDatasetResponse(_message.Message):
+    __slots__ = ("dataset_id",)
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+
+class GetDataServiceMetadataRequest(_message.Message):
+    __slots__ = ("dataset_id",)
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+
+class GetDataServiceMetadataResponse(_message.Message):
+    __slots__ = ("metadata",)
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    metadata: _common_pb2.DatasetMetadata
+    def __init__(self, metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ...) -> None: ...
+
+class GetElementSpecRequest(_message.Message):
+    __slots__ = ("dataset_id",)
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+
+class GetElementSpecResponse(_message.Message):
+    __slots__ = ("element_spec",)
+    ELEMENT_SPEC_FIELD_NUMBER: _ClassVar[int]
+    element_spec: bytes
+    def __init__(self, element_spec: _Optional[bytes] = ...) -> None: ...
+
+class GetOrCreateJobRequest(_message.Message):
+    __slots__ = ("dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_MODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    processing_mode: _common_pb2.ProcessingModeDef
+    job_name: str
+    num_consumers: int
+    target_workers: _common_pb2.TargetWorkers
+    def __init__(self, dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ...) -> None: ...
+
+class GetOrCreateJobResponse(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    def __init__(self, job_id: _Optional[int] = ...) -> None: ...
+
+class GetOrCreateIterationRequest(_message.Message):
+    __slots__ = ("job_id", "repetition")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    repetition: int
+    def __init__(self, job_id: _Optional[int] = ..., repetition: _Optional[int] = ...) -> None: ...
+
+class GetOrCreateIterationResponse(_message.Message):
+    __slots__ = ("iteration_client_id", "iteration_id")
+    ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    iteration_client_id: int
+    iteration_id: int
+    def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ...) -> None: ...
+
+class ClientHeartbeatRequest(_message.Message):
+    __slots__ = ("iteration_client_id",)
+    ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    iteration_client_id: int
+    def __init__(self, iteration_client_id: _Optional[int] = ...) -> None: ...
+
+class ClientHeartbeatResponse(_message.Message):
+    __slots__ = ("tasks", "iteration_finished")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskInfo]
+    iteration_finished: bool
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_common_pb2.TaskInfo, _Mapping]]] = ..., iteration_finished: _Optional[bool] = ...) -> None: ...
+
+class ReleaseIterationClientRequest(_message.Message):
+    __slots__ = ("iteration_client_id",)
+    ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    iteration_client_id: int
+    def __init__(self, iteration_client_id: _Optional[int] = ...) -> None: ...
+
+class ReleaseIterationClientResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("address", "transfer_address")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    transfer_address: str
+    def __init__(self, address: _Optional[str] = ..., transfer_address: _Optional[str] = ...) -> None: ...
+
+class GetWorkersResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class WorkerHeartbeatRequest(_message.Message):
+    __slots__ = ("worker_address", "transfer_address", "current_tasks")
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TASKS_FIELD_NUMBER: _ClassVar[int]
+    worker_address: str
+    transfer_address: str
+    current_tasks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class WorkerHeartbeatResponse(_message.Message):
+    __slots__ = ("new_tasks", "tasks_to_delete")
+    NEW_TASKS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_TO_DELETE_FIELD_NUMBER: _ClassVar[int]
+    new_tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskDef]
+    tasks_to_delete: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, new_tasks: _Optional[_Iterable[_Union[_common_pb2.TaskDef, _Mapping]]] = ..., tasks_to_delete: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class WorkerUpdateRequest(_message.Message):
+    __slots__ = ("worker_address", "finished_tasks")
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    worker_address: str
+    finished_tasks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_address: _Optional[str] = ..., finished_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class WorkerUpdateResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetDatasetDefRequest(_message.Message):
+    __slots__ = ("dataset_id",)
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+
+class GetDatasetDefResponse(_message.Message):
+    __slots__ = ("graph_def", "metadata")
+    GRAPH_DEF_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    graph_def: bytes
+    metadata: _common_pb2.DatasetMetadata
+    def __init__(self, graph_def: _Optional[bytes] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,109 @@
+from dataservice.v1 import common_pb2 as _common_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Update(_message.Message):
+    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration")
+    REGISTER_DATASET_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
+    CREATE_JOB_FIELD_NUMBER: _ClassVar[int]
+    CREATE_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TASK_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TASK_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRE_ITERATION_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_ITERATION_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    register_dataset: RegisterDatasetUpdate
+    register_worker: RegisterWorkerUpdate
+    create_job: CreateJobUpdate
+    create_iteration: CreateIterationUpdate
+    create_task: CreateTaskUpdate
+    finish_task: FinishTaskUpdate
+    acquire_iteration_client: AcquireIterationClientUpdate
+    release_iteration_client: ReleaseIterationClientUpdate
+    finish_iteration: FinishIterationUpdate
+    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ...) -> None: ...
+
+class RegisterDatasetUpdate(_message.Message):
+    __slots__ = ("dataset_id", "fingerprint", "metadata")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    fingerprint: str
+    metadata: _common_pb2.DatasetMetadata
+    def __init__(self, dataset_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ...) -> None: ...
+
+class RegisterWorkerUpdate(_message.Message):
+    __slots__ = ("worker_address", "transfer_address")
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    worker_address: str
+    transfer_address: str
+    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ...) -> None: ...
+
+class CreateJobUpdate(_message.Message):
+    __slots__ = ("job_id", "dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_MODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    dataset_id: str
+    processing_mode: _common_pb2.ProcessingModeDef
+    job_name: str
+    num_consumers: int
+    target_workers: _common_pb2.TargetWorkers
+    def __init__(self, job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ...) -> None: ...
+
+class CreateIterationUpdate(_message.Message):
+    __slots__ = ("iteration_id", "job_id", "repetition")
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    iteration_id: int
+    job_id: int
+    repetition: int
+    def __init__(self, iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., repetition: _Optional[int] = ...) -> None: ...
+
+class CreateTaskUpdate(_message.Message):
+    __slots__ = ("task_id", "iteration_id", "worker_address")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    iteration_id: int
+    worker_address: str
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., worker_address: _Optional[str] = ...) -> None: ...
+
+class FinishTaskUpdate(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    def __init__(self, task_id: _Optional[int] = ...) -> None: ...
+
+class AcquireIterationClientUpdate(_message.Message):
+    __slots__ = ("iteration_client_id", "iteration_id")
+    ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    iteration_client_id: int
+    iteration_id: int
+    def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ...) -> None: ...
+
+class ReleaseIterationClientUpdate(_message.Message):
+    __slots__ = ("iteration_client_id",)
+    ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    iteration_client_id: int
+    def __init__(self, iteration_client_id: _Optional[int] = ...) -> None: ...
+
+class FinishIterationUpdate(_message.Message):
+    __slots__ = ("iteration_id",)
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    iteration_id: int
+    def __init__(self, iteration_id: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,36 @@
+from dataservice.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProcessTaskRequest(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: _common_pb2.TaskDef
+    def __init__(self, task: _Optional[_Union[_common_pb2.TaskDef, _Mapping]] = ...) -> None: ...
+
+class ProcessTaskResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StreamElementsRequest(_message.Message):
+    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_ELEMENTS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    iteration_client_id: int
+    max_elements_per_message: int
+    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ...) -> None: ...
+
+class StreamElementsResponse(_message.Message):
+    __slots__ = ("chunks", "end_of_sequence")
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    END_OF_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.ElementChunk]
+    end_of_sequence: bool
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ...) -> None: ...

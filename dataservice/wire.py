@@ -1,0 +1,99 @@
+"""Elements on the wire: tensors as raw buffers plus dtype and shape.
+
+No TensorProto is built per element. Composite tensors (sparse, ragged) travel
+as their component tensors, in tf.nest.flatten(expand_composites=True) order,
+and are rebuilt inside tf.data on the client. When every component has a fully
+defined shape, consecutive elements are stacked into one chunk so that the
+client hands tf.data a few large arrays instead of many small ones.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, List, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from dataservice.v1 import common_pb2
+
+Components = List[np.ndarray]
+
+
+@functools.lru_cache(maxsize=None)
+def numpy_dtype(dtype_enum: int) -> np.dtype:
+    return np.dtype(tf.dtypes.as_dtype(dtype_enum).as_numpy_dtype)
+
+
+class ElementCodec:
+    """Encodes and decodes the elements of one element spec."""
+
+    def __init__(self, element_spec: Any):
+        self.element_spec = element_spec
+        self.component_specs: List[tf.TensorSpec] = tf.nest.flatten(element_spec, expand_composites=True)
+        self.dtype_enums = [spec.dtype.as_datatype_enum for spec in self.component_specs]
+        self.is_string = [spec.dtype == tf.string for spec in self.component_specs]
+        # Stacking needs equal shapes across elements.
+        self.stackable = all(spec.shape.is_fully_defined() for spec in self.component_specs)
+        self._single_tensor = isinstance(element_spec, tf.TensorSpec)
+
+    def to_components(self, element: Any) -> Components:
+        """An element from a tf.data iterator as numpy arrays, one per component."""
+        if self._single_tensor:
+            return [np.asarray(element.numpy(), dtype=object if self.is_string[0] else None)]
+        flat = tf.nest.flatten(element, expand_composites=True)
+        return [np.asarray(t.numpy(), dtype=object if s else None) for t, s in zip(flat, self.is_string)]
+
+    @staticmethod
+    def nbytes(components: Components) -> int:
+        total = 0
+        for array in components:
+            if array.dtype == object:
+                total += sum(len(x) for x in array.reshape(-1))
+            else:
+                total += array.nbytes
+        return total
+
+    def encode_chunks(self, elements: Sequence[Components]) -> List[common_pb2.ElementChunk]:
+        """Elements as chunks: one stacked chunk when stackable, else one chunk per element."""
+        if not elements:
+            return []
+        if self.stackable and len(elements) > 1:
+            stacked = [np.stack([e[i] for e in elements]) for i in range(len(self.component_specs))]
+            return [self._chunk(len(elements), stacked)]
+        if self.stackable:
+            return [self._chunk(1, [a[np.newaxis] for a in elements[0]])]
+        return [self._chunk(1, e) for e in elements]
+
+    def _chunk(self, num_elements: int, components: Components) -> common_pb2.ElementChunk:
+        chunk = common_pb2.ElementChunk(num_elements=num_elements)
+        for array, dtype_enum, is_string in zip(components, self.dtype_enums, self.is_string):
+            tensor = chunk.components.add(dtype=dtype_enum, shape=array.shape)
+            if is_string:
+                flat = array.reshape(-1)
+                tensor.data = b"".join(flat)
+                tensor.string_lengths.extend(len(x) for x in flat)
+            else:
+                tensor.data = np.ascontiguousarray(array).tobytes()
+        return chunk
+
+    def decode_chunk(self, chunk: common_pb2.ElementChunk) -> tuple:
+        """The chunk's components as numpy arrays; stacked chunks keep their leading dimension."""
+        out = []
+        for tensor, is_string in zip(chunk.components, self.is_string):
+            shape = tuple(tensor.shape)
+            if is_string:
+                data = tensor.data
+                array = np.empty(len(tensor.string_lengths), dtype=object)
+                offset = 0
+                for i, length in enumerate(tensor.string_lengths):
+                    array[i] = data[offset : offset + length]
+                    offset += length
+                out.append(array.reshape(shape))
+            else:
+                out.append(np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.dtype)).reshape(shape))
+        if len(out) != len(self.component_specs):
+            raise ValueError(
+                f"a chunk has {len(out)} components but the element spec has {len(self.component_specs)}"
+            )
+        return tuple(out)

@@ -1,0 +1,1 @@
+"""The worker: runs task pipelines and streams their elements to clients."""

@@ -1,0 +1,269 @@
+"""WorkerServer: a worker as a gRPC server (as tf.data.experimental.service.WorkerServer).
+
+The worker registers with the dispatcher through its first heartbeat, then
+heartbeats every heartbeat_interval_ms: the dispatcher answers with the tasks
+to start and to stop. The dispatcher also pushes new tasks with ProcessTask,
+so a new iteration does not wait for the next heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Dict, Optional, Set, Tuple
+
+import grpc
+import tensorflow as tf
+
+from dataservice import graph as graph_lib
+from dataservice import rpc, server_util
+from dataservice.config import WorkerConfig
+from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2, worker_pb2_grpc
+from dataservice.wire import ElementCodec
+from dataservice.worker.task_runner import TaskRunner
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_ELEMENTS_PER_MESSAGE = 1024
+MAX_BYTES_PER_MESSAGE = 16 * 1024 * 1024
+# How long a stream for a task the worker has not heard of yet waits for it.
+UNKNOWN_TASK_WAIT_S = 5.0
+_TAKE_POLL_S = 0.5
+# How long a stream waits for more elements before it sends a partial message.
+LINGER_S = 0.005
+
+
+def _grpc_code(error: BaseException) -> grpc.StatusCode:
+    """The gRPC code of a TensorFlow error (TF's codes are gRPC's), else INTERNAL."""
+    code = getattr(error, "error_code", None)
+    for status in grpc.StatusCode:
+        if status.value[0] == code:
+            return status
+    return grpc.StatusCode.INTERNAL
+
+
+class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, worker: "WorkerServer"):
+        self._worker = worker
+
+    @rpc.handler
+    def ProcessTask(self, request, context):
+        if not request.task.task_id:
+            raise rpc.invalid_argument("ProcessTask needs a task with a task_id")
+        self._worker.start_task(request.task)
+        return worker_pb2.ProcessTaskResponse()
+
+    def StreamElements(self, request, context):
+        worker = self._worker
+        runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
+        if runner is None:
+            if request.task_id in worker.finished_tasks:
+                yield worker_pb2.StreamElementsResponse(end_of_sequence=True)
+                return
+            context.abort(grpc.StatusCode.UNAVAILABLE,
+                          f"worker {worker.address} has no task {request.task_id} (yet)")
+        max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
+        while context.is_active():
+            try:
+                elements, done = runner.take(max_elements, MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, LINGER_S)
+            except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
+                message = getattr(e, "message", str(e))
+                context.abort(_grpc_code(e), f"the pipeline of task {request.task_id} failed on worker "
+                                             f"{worker.address}: {type(e).__name__}: {message}")
+            if done:
+                worker.report_finished(request.task_id)
+                yield worker_pb2.StreamElementsResponse(
+                    chunks=runner.codec.encode_chunks(elements), end_of_sequence=True)
+                return
+            if elements:
+                yield worker_pb2.StreamElementsResponse(chunks=runner.codec.encode_chunks(elements))
+            elif runner.stopped:
+                context.abort(grpc.StatusCode.CANCELLED, f"task {request.task_id} was stopped by the dispatcher")
+
+
+class WorkerServer:
+    """A dataservice worker.
+
+    >>> worker = WorkerServer(WorkerConfig(dispatcher_address="localhost:5050"))
+    """
+
+    def __init__(self, config: WorkerConfig, start: bool = True):
+        if not isinstance(config, WorkerConfig):
+            raise TypeError(f"config must be a WorkerConfig, got {type(config).__name__}")
+        self._config = config
+        self._server = server_util.new_server(max_workers=64)
+        self._port = server_util.bind(self._server, config.port)
+        self.address = config.worker_address.replace("%port%", str(self._port))
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(_WorkerService(self), self._server)
+        self._dispatcher = dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(config.dispatcher_address))
+        self._lock = threading.Lock()
+        self._tasks_changed = threading.Condition(self._lock)
+        self._runners: Dict[int, TaskRunner] = {}
+        self.finished_tasks: Set[int] = set()
+        self._unreported: Set[int] = set()
+        self._datasets: Dict[str, Tuple[bytes, object]] = {}
+        self._heartbeat_now = threading.Event()
+        self._stopped = threading.Event()
+        self._heartbeat_thread: Optional[threading.Thread] = None
+        if start:
+            self.start()
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts serving and registers with the dispatcher, retrying for up to
+        dispatcher_timeout_ms; raises tf.errors.UnavailableError after that."""
+        if self._heartbeat_thread is not None:
+            return
+        self._server.start()
+        self._heartbeat(timeout_s=self._config.dispatcher_timeout_ms / 1000)
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+        log.info("worker %s registered with dispatcher %s", self.address, self._config.dispatcher_address)
+
+    def join(self) -> None:
+        self._stopped.wait()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._heartbeat_now.set()
+        with self._lock:
+            runners = list(self._runners.values())
+            self._runners.clear()
+        for runner in runners:
+            runner.stop()
+        self._server.stop(grace_s).wait()
+
+    @property
+    def target(self) -> str:
+        return f"grpc://localhost:{self._port}"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def __enter__(self) -> "WorkerServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- talking to the dispatcher ----------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval_s = self._config.heartbeat_interval_ms / 1000
+        while not self._stopped.is_set():
+            self._heartbeat_now.wait(interval_s)
+            self._heartbeat_now.clear()
+            if self._stopped.is_set():
+                return
+            try:
+                self._heartbeat(timeout_s=interval_s)
+                self._report_unreported()
+            except tf.errors.OpError as e:
+                log.warning("heartbeat to dispatcher %s failed: %s", self._config.dispatcher_address, e.message)
+
+    def _heartbeat(self, timeout_s: float) -> None:
+        with self._lock:
+            current = sorted(self._runners)
+        response = rpc.call(
+            self._dispatcher.WorkerHeartbeat,
+            dispatcher_pb2.WorkerHeartbeatRequest(
+                worker_address=self.address, transfer_address=self.address, current_tasks=current),
+            server=f"dispatcher at {self._config.dispatcher_address}",
+            what=f"worker {self.address} heartbeat",
+            timeout_s=timeout_s,
+            rpc_timeout_s=10.0,
+        )
+        for task in response.new_tasks:
+            self.start_task(task)
+        for task_id in response.tasks_to_delete:
+            self._delete_task(task_id)
+
+    def report_finished(self, task_id: int) -> None:
+        """Tells the dispatcher that every element of the task was handed out.
+
+        Tried at once, so that a client asking the dispatcher right after its
+        end of sequence learns the task is over; retried by the heartbeat loop.
+        """
+        with self._lock:
+            if task_id in self.finished_tasks:
+                return
+            self.finished_tasks.add(task_id)
+            self._unreported.add(task_id)
+            runner = self._runners.pop(task_id, None)
+        if runner is not None:
+            runner.stop()
+        try:
+            self._report_unreported(timeout_s=2.0)
+        except tf.errors.OpError as e:
+            log.warning("could not report finished task %d yet: %s", task_id, e.message)
+
+    def _report_unreported(self, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            tasks = sorted(self._unreported)
+        if not tasks:
+            return
+        rpc.call(
+            self._dispatcher.WorkerUpdate,
+            dispatcher_pb2.WorkerUpdateRequest(worker_address=self.address, finished_tasks=tasks),
+            server=f"dispatcher at {self._config.dispatcher_address}",
+            what=f"worker {self.address} task update",
+            timeout_s=timeout_s,
+        )
+        with self._lock:
+            self._unreported.difference_update(tasks)
+
+    def _dataset_def(self, dataset_id: str) -> Tuple[bytes, object]:
+        with self._lock:
+            cached = self._datasets.get(dataset_id)
+        if cached is None:
+            response = rpc.call(
+                self._dispatcher.GetDatasetDef,
+                dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id),
+                server=f"dispatcher at {self._config.dispatcher_address}",
+                what=f"fetching dataset {dataset_id}",
+                timeout_s=self._config.dispatcher_timeout_ms / 1000,
+            )
+            cached = (response.graph_def, graph_lib.decode_element_spec(response.metadata.element_spec))
+            with self._lock:
+                self._datasets[dataset_id] = cached
+        return cached
+
+    # ---- tasks -----------------------------------------------------------
+
+    def start_task(self, task: common_pb2.TaskDef) -> None:
+        """Starts a task's pipeline unless it is running or finished already."""
+        with self._lock:
+            if task.task_id in self._runners or task.task_id in self.finished_tasks or self._stopped.is_set():
+                return
+        graph_def, element_spec = self._dataset_def(task.dataset_id)
+        with self._lock:
+            if task.task_id in self._runners or task.task_id in self.finished_tasks:
+                return
+            self._runners[task.task_id] = TaskRunner(
+                task.task_id, lambda: graph_lib.dataset_from_graph(graph_def, element_spec), ElementCodec(element_spec))
+            self._tasks_changed.notify_all()
+        log.info("worker %s started task %d (iteration %d)", self.address, task.task_id, task.iteration_id)
+
+    def _delete_task(self, task_id: int) -> None:
+        with self._lock:
+            runner = self._runners.pop(task_id, None)
+        if runner is not None:
+            runner.stop()
+            log.info("worker %s stopped task %d", self.address, task_id)
+
+    def wait_for_task(self, task_id: int, timeout_s: float) -> Optional[TaskRunner]:
+        """The task's runner; a task not heard of yet makes the worker heartbeat at once."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while task_id not in self._runners and task_id not in self.finished_tasks:
+                self._heartbeat_now.set()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopped.is_set():
+                    return None
+                self._tasks_changed.wait(min(remaining, 0.2))
+            return self._runners.get(task_id)

@@ -1,0 +1,130 @@
+"""Runs the pipeline of one task into a bounded buffer that clients drain.
+
+One producer thread iterates the dataset and encodes each element into numpy
+components; client streams take elements out in batches. The buffer is
+bounded in elements and bytes, so a slow client stops the producer rather
+than growing the worker's memory. Several streams may drain one task (a
+shared job): each element goes to exactly one of them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Callable, Deque, List, Optional, Tuple
+
+import tensorflow as tf
+
+from dataservice.wire import Components, ElementCodec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUFFER_ELEMENTS = 8192
+DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
+NOTIFY_EVERY = 256
+
+
+class TaskRunner:
+    def __init__(
+        self,
+        task_id: int,
+        make_dataset: Callable[[], tf.data.Dataset],
+        codec: ElementCodec,
+        buffer_elements: int = DEFAULT_BUFFER_ELEMENTS,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    ):
+        self.task_id = task_id
+        self.codec = codec
+        self._make_dataset = make_dataset
+        self._max_elements = buffer_elements
+        self._max_bytes = buffer_bytes
+        self._buffer: Deque[Tuple[Components, int]] = collections.deque()
+        self._buffered_bytes = 0
+        self._exhausted = False
+        self._error: Optional[BaseException] = None
+        self._stopped = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._produce, name=f"task-{task_id}", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        try:
+            for element in self._make_dataset():
+                components = self.codec.to_components(element)
+                size = self.codec.nbytes(components)
+                with self._cond:
+                    while not self._stopped and self._buffer and (
+                        len(self._buffer) >= self._max_elements or self._buffered_bytes + size > self._max_bytes
+                    ):
+                        self._cond.wait()
+                    if self._stopped:
+                        return
+                    self._buffer.append((components, size))
+                    self._buffered_bytes += size
+                    # Wake consumers for a first element or a full message, not for
+                    # every element: each wake-up costs a GIL hand-over.
+                    if len(self._buffer) == 1 or len(self._buffer) % NOTIFY_EVERY == 0:
+                        self._cond.notify_all()
+        except Exception as e:  # noqa: BLE001 - handed to the clients, which raise it
+            log.warning("task %d failed: %s", self.task_id, e)
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._exhausted = True
+            self._cond.notify_all()
+
+    def take(self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0) -> Tuple[List[Components], bool]:
+        """Up to `max_elements` elements (at least one, at most about `max_bytes`), and
+        whether the task is done (every element taken).
+
+        Waits up to `timeout_s` for the first element, then up to `linger_s` for
+        more, so a slow pipeline is not delayed by batching.
+        Raises the pipeline's error once the buffer before it is drained.
+        """
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._buffer or self._exhausted or self._error is not None or self._stopped, timeout_s
+            )
+            # Linger briefly for more elements: one message per element would cap
+            # throughput at the per-message cost, and a few ms add little latency.
+            self._cond.wait_for(
+                lambda: len(self._buffer) >= max_elements or self._exhausted or self._error is not None
+                or self._stopped or self._buffered_bytes >= max_bytes,
+                linger_s,
+            )
+            taken: List[Components] = []
+            taken_bytes = 0
+            while self._buffer and len(taken) < max_elements:
+                components, size = self._buffer[0]
+                if taken and taken_bytes + size > max_bytes:
+                    break
+                self._buffer.popleft()
+                self._buffered_bytes -= size
+                taken.append(components)
+                taken_bytes += size
+            if taken:
+                self._cond.notify_all()
+            elif self._error is not None:
+                raise self._error
+            return taken, self._exhausted and not self._buffer
+
+    @property
+    def stopped(self) -> bool:
+        with self._cond:
+            return self._stopped
+
+    @property
+    def done(self) -> bool:
+        with self._cond:
+            return self._exhausted and not self._buffer
+
+    def stop(self) -> None:
+        """Stops producing (the thread ends after the element it is computing) and drops the buffer."""
+        with self._cond:
+            self._stopped = True
+            self._buffer.clear()
+            self._buffered_bytes = 0
+            self._cond.notify_all()
