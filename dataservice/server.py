@@ -1,0 +1,119 @@
+"""`data-server`: run a dispatcher or a worker as its own process.
+
+    data-server --role=dispatcher --port=5050 --work_dir=/data/ds --fault_tolerant_mode
+    data-server --role=worker --dispatcher_address=dispatcher:5050 --port=5051
+    data-server --role=worker --config worker.yaml --port=6000   # flags override the file
+
+A YAML config file holds a mapping whose keys are the field names of
+DispatcherConfig or WorkerConfig. On start the server prints one line,
+"dataservice <role> listening on port <N>", so that a caller that bound port
+0 learns the port. SIGTERM or SIGINT stops it gracefully with exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+import yaml
+
+from dataservice.config import DispatcherConfig, WorkerConfig
+from dataservice.dispatcher.server import DispatchServer
+from dataservice.worker.server import WorkerServer
+
+_CONFIGS = {"dispatcher": DispatcherConfig, "worker": WorkerConfig}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="data-server", description="Run a dataservice dispatcher or worker.")
+    parser.add_argument("--role", required=True, choices=sorted(_CONFIGS), help="which server to run")
+    parser.add_argument("--config", help="YAML file of config fields (flags override it)")
+    parser.add_argument("--port", type=int, help="port to bind (0: a free port)")
+    parser.add_argument("--work_dir", help="dispatcher: where datasets and the journal are kept")
+    parser.add_argument("--fault_tolerant_mode", action=argparse.BooleanOptionalAction, default=None,
+                        help="dispatcher: journal state to work_dir so a restart loses nothing")
+    parser.add_argument("--worker_addresses", help="dispatcher: comma-separated fixed worker list (static sharding)")
+    parser.add_argument("--worker_timeout_ms", type=int, help="dispatcher: when a silent worker counts as gone")
+    parser.add_argument("--job_gc_check_interval_ms", type=int, help="dispatcher: how often to collect jobs")
+    parser.add_argument("--job_gc_timeout_ms", type=int, help="dispatcher: how long an unread job is kept")
+    parser.add_argument("--client_timeout_ms", type=int, help="dispatcher: when a silent client is released")
+    parser.add_argument("--dispatcher_address", help="worker: host:port of the dispatcher")
+    parser.add_argument("--worker_address", help="worker: address clients reach it at (%%port%% = bound port)")
+    parser.add_argument("--heartbeat_interval_ms", type=int, help="worker: heartbeat period")
+    parser.add_argument("--dispatcher_timeout_ms", type=int, help="worker: how long to retry the dispatcher")
+    parser.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The role's config from the YAML file (if any) overridden by the flags given.
+
+    Raises ValueError naming the problem: an unreadable file, a key that is not
+    a field of the role's config, a flag that belongs to the other role, or a
+    value the config rejects.
+    """
+    cls = _CONFIGS[args.role]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values: Dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config) as f:
+                loaded = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ValueError(f"cannot read config file {args.config}: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {args.config} must hold a mapping of {cls.__name__} fields")
+        unknown = sorted(set(loaded) - fields)
+        if unknown:
+            raise ValueError(f"config file {args.config}: {', '.join(unknown)} not fields of {cls.__name__} "
+                             f"(fields: {', '.join(sorted(fields))})")
+        values.update(loaded)
+    flags = {k: v for k, v in vars(args).items() if k not in ("role", "config", "log_level") and v is not None}
+    foreign = sorted(set(flags) - fields)
+    if foreign:
+        raise ValueError(f"--{', --'.join(foreign)} cannot be used with --role={args.role}")
+    if isinstance(flags.get("worker_addresses"), str):
+        flags["worker_addresses"] = [a for a in flags["worker_addresses"].split(",") if a]
+    values.update(flags)
+    if args.role == "worker" and "dispatcher_address" not in values:
+        raise ValueError("--role=worker needs --dispatcher_address (or dispatcher_address in --config)")
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        config = build_config(args)
+    except ValueError as e:
+        parser.error(str(e))
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    try:
+        server = DispatchServer(config) if args.role == "dispatcher" else WorkerServer(config)
+    except (tf.errors.OpError, RuntimeError) as e:
+        print(f"data-server: cannot start the {args.role}: {getattr(e, 'message', e)}", file=sys.stderr)
+        return 1
+    print(f"dataservice {args.role} listening on port {server.port}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.stop()
+    logging.getLogger(__name__).info("%s stopped", args.role)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

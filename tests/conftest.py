@@ -1,0 +1,99 @@
+"""Shared fixtures: in-process clusters and `data-server` processes on loopback ports."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import List, Optional
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+import dataservice as service  # noqa: E402
+from dataservice.local_cluster import ServerProcess  # noqa: E402
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Cluster:
+    """A dispatcher and workers in this process."""
+
+    def __init__(self, num_workers: int = 1, **dispatcher_kwargs):
+        self.dispatcher = service.DispatchServer(service.DispatcherConfig(**dispatcher_kwargs))
+        self.workers: List[service.WorkerServer] = []
+        for _ in range(num_workers):
+            self.add_worker()
+
+    @property
+    def target(self) -> str:
+        return self.dispatcher.target
+
+    @property
+    def address(self) -> str:
+        return self.dispatcher.target.split("://")[1]
+
+    def add_worker(self, **kwargs) -> service.WorkerServer:
+        kwargs.setdefault("heartbeat_interval_ms", 200)
+        worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=self.address, **kwargs))
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.dispatcher.stop()
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster(num_workers=1)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def cluster2():
+    c = Cluster(num_workers=2)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def processes():
+    """Starts `data-server` processes and kills whatever a test leaves running."""
+    started: List[ServerProcess] = []
+
+    def start(*args: str) -> ServerProcess:
+        p = ServerProcess(*args)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.kill()
+
+
+def wait_for_workers(address: str, count: int, timeout_s: float = 60.0) -> None:
+    """Blocks until `count` workers are registered with the dispatcher at `address`."""
+    from dataservice import rpc
+    from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
+
+    stub = dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(address))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(stub.GetWorkers(dispatcher_pb2.GetWorkersRequest(), timeout=5).workers) >= count:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"fewer than {count} workers registered at {address}")
+
+
+def to_list(dataset: tf.data.Dataset, limit: Optional[int] = None) -> list:
+    out = []
+    for element in dataset.as_numpy_iterator():
+        out.append(element)
+        if limit is not None and len(out) >= limit:
+            break
+    return out

@@ -1,0 +1,81 @@
+"""Pipeline fingerprints and the element codec."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dataservice import graph as graph_lib
+from dataservice.wire import ElementCodec
+
+
+def _fingerprint(ds):
+    return graph_lib.fingerprint(graph_lib.parse_graph(graph_lib.serialize_dataset(ds)))
+
+
+def test_fingerprint_is_stable_across_rebuilds():
+    make = lambda: tf.data.Dataset.range(100).shuffle(10).map(lambda x: x + 1).batch(4)  # noqa: E731
+    assert _fingerprint(make()) == _fingerprint(make())
+
+
+def test_fingerprint_tells_pipelines_apart():
+    base = tf.data.Dataset.range(100)
+    prints = {
+        _fingerprint(base.map(lambda x: x + 1)),
+        _fingerprint(base.map(lambda x: x + 2)),
+        _fingerprint(base.map(lambda x: x * 1)),
+        _fingerprint(tf.data.Dataset.range(101).map(lambda x: x + 1)),
+    }
+    assert len(prints) == 4
+
+
+def test_element_spec_round_trips():
+    spec = {"a": tf.RaggedTensorSpec([None, None], tf.int32), "b": (tf.SparseTensorSpec([4], tf.float32),),
+            "c": tf.TensorSpec([2, None], tf.string)}
+    assert graph_lib.decode_element_spec(graph_lib.encode_element_spec(spec)) == spec
+
+
+def test_datasets_as_elements_are_refused():
+    ds = tf.data.Dataset.range(4).window(2)
+    with pytest.raises(graph_lib.InvalidDatasetError, match="cannot be sent"):
+        graph_lib.check_element_spec(ds.element_spec)
+
+
+def _roundtrip(spec, elements):
+    codec = ElementCodec(spec)
+    components = [codec.to_components(e) for e in elements]
+    chunks = codec.encode_chunks(components)
+    decoded = [codec.decode_chunk(type(c).FromString(c.SerializeToString())) for c in chunks]
+    return codec, chunks, decoded
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.int8, tf.uint16, tf.int64, tf.bool, tf.bfloat16,
+                                   tf.complex64, tf.half])
+def test_fixed_shape_elements_are_stacked(dtype):
+    elements = [tf.cast(tf.reshape(tf.range(6) + i, [2, 3]), dtype) for i in range(5)]
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([2, 3], dtype), elements)
+    assert codec.stackable and len(chunks) == 1 and chunks[0].num_elements == 5
+    (stacked,) = decoded[0]
+    assert stacked.shape == (5, 2, 3)
+    np.testing.assert_array_equal(stacked, np.stack([e.numpy() for e in elements]))
+
+
+def test_strings_round_trip_stacked_and_alone():
+    elements = [tf.constant([b"", b"a\x00b", "ü".encode()]), tf.constant([b"x" * 1000, b"y", b"z"])]
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([3], tf.string), elements)
+    assert decoded[0][0].tolist() == [e.numpy().tolist() for e in elements]
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([], tf.string), [tf.constant(b"only")])
+    assert decoded[0][0].tolist() == [b"only"]
+
+
+def test_varying_shapes_travel_one_element_a_chunk():
+    elements = [tf.range(i) for i in range(4)]
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([None], tf.int32), elements)
+    assert not codec.stackable and len(chunks) == 4
+    assert [d[0].tolist() for d in decoded] == [list(range(i)) for i in range(4)]
+
+
+def test_ragged_travels_as_components():
+    element = tf.ragged.constant([[1, 2], [], [3]])
+    codec, chunks, decoded = _roundtrip(tf.RaggedTensorSpec([3, None], tf.int32, ragged_rank=1), [element])
+    values, splits = decoded[0]
+    assert values.tolist() == [1, 2, 3] and splits.tolist() == [0, 2, 2, 3]

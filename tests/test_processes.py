@@ -1,0 +1,85 @@
+"""`data-server` processes: started with subprocess, stopped with SIGTERM, read over loopback."""
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+import dataservice as service
+from dataservice.local_cluster import LocalCluster
+from conftest import REPO_ROOT, to_list, wait_for_workers
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_dispatcher_and_workers_as_processes():
+    cluster = LocalCluster(num_workers=2)
+    try:
+        wait_for_workers(cluster.address, 2)
+        source = tf.data.Dataset.range(300).map(lambda x: {"x": x, "s": tf.strings.as_string(x)}).shuffle(50)
+        ds = source.apply(service.distribute("parallel_epochs", cluster.target))
+        counts = collections.Counter(int(e["x"]) for e in to_list(ds))
+        assert counts == {i: 2 for i in range(300)}
+        # A second epoch over the same dataset, through the same processes.
+        assert len(to_list(ds)) == 600
+    finally:
+        workers, dispatcher = cluster.workers, cluster.dispatcher
+        codes = [w.terminate() for w in workers] + [dispatcher.terminate()]
+        cluster.stop()
+    assert codes == [0, 0, 0], "SIGTERM must stop every server gracefully with status 0"
+
+
+def test_worker_from_yaml_config_and_flag_override(processes, tmp_path):
+    dispatcher = processes("--role=dispatcher", "--port=0")
+    config = tmp_path / "worker.yaml"
+    config.write_text(f"dispatcher_address: {dispatcher.address}\nheartbeat_interval_ms: 250\nport: 1\n")
+    worker = processes("--role=worker", f"--config={config}", "--port=0")
+    assert worker.port != 1, "--port must override the file's port"
+    wait_for_workers(dispatcher.address, 1)
+    ds = tf.data.Dataset.range(10).apply(service.distribute("parallel_epochs", "grpc://" + dispatcher.address))
+    assert sorted(to_list(ds)) == list(range(10))
+    assert worker.terminate() == 0 and dispatcher.terminate() == 0
+
+
+def test_sigint_also_stops_gracefully(processes):
+    dispatcher = processes("--role=dispatcher", "--port=0")
+    dispatcher.proc.send_signal(signal.SIGINT)
+    assert dispatcher.proc.wait(30) == 0
+
+
+def _run_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "dataservice.server", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--role=coordinator"], "invalid choice: 'coordinator'"),
+    (["--role=dispatcher", "--bogus_flag=1"], "unrecognized arguments: --bogus_flag=1"),
+    (["--role=dispatcher", "--port=x"], "--port: invalid int value"),
+    (["--role=worker"], "needs --dispatcher_address"),
+    (["--role=worker", "--dispatcher_address=localhost:1", "--work_dir=/tmp"], "--work_dir cannot be used"),
+    (["--role=dispatcher", "--fault_tolerant_mode"], "needs a work_dir"),
+    (["--role=dispatcher", "--config=/nonexistent.yaml"], "cannot read config file"),
+])
+def test_bad_command_lines_fail_with_a_message(args, message):
+    result = _run_cli(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_unknown_yaml_key_is_named(tmp_path):
+    config = tmp_path / "d.yaml"
+    config.write_text("port: 0\nwork_dirr: /tmp/x\n")
+    result = _run_cli("--role=dispatcher", f"--config={config}")
+    assert result.returncode != 0
+    assert "work_dirr" in result.stderr and "not fields of DispatcherConfig" in result.stderr
+
+
+def test_server_bin_entry_point_runs():
+    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "server_bin", "data_server.py"), "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--role" in result.stdout

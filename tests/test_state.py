@@ -1,0 +1,104 @@
+"""The dispatcher state machine: apply() alone changes state, and replaying the same updates gives the same state."""
+
+import random
+
+from dataservice.dispatcher.state import DispatcherState
+from dataservice.v1 import common_pb2, journal_pb2
+
+
+def U(**kwargs) -> journal_pb2.Update:
+    return journal_pb2.Update(**kwargs)
+
+
+def _script():
+    return [
+        U(register_dataset=journal_pb2.RegisterDatasetUpdate(dataset_id="1", fingerprint="f1")),
+        U(register_dataset=journal_pb2.RegisterDatasetUpdate(dataset_id="named", fingerprint="f2")),
+        U(register_worker=journal_pb2.RegisterWorkerUpdate(worker_address="w1:1", transfer_address="w1:1")),
+        U(register_worker=journal_pb2.RegisterWorkerUpdate(worker_address="w2:1", transfer_address="w2:1")),
+        U(create_job=journal_pb2.CreateJobUpdate(job_id=1, dataset_id="1", job_name="train")),
+        U(create_iteration=journal_pb2.CreateIterationUpdate(iteration_id=1, job_id=1, repetition=0)),
+        U(create_task=journal_pb2.CreateTaskUpdate(task_id=1, iteration_id=1, worker_address="w1:1")),
+        U(create_task=journal_pb2.CreateTaskUpdate(task_id=2, iteration_id=1, worker_address="w2:1")),
+        U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(iteration_client_id=1, iteration_id=1)),
+        U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(iteration_client_id=2, iteration_id=1)),
+        U(finish_task=journal_pb2.FinishTaskUpdate(task_id=1)),
+    ]
+
+
+def _apply_all(updates) -> DispatcherState:
+    state = DispatcherState()
+    for update in updates:
+        state.apply(update)
+    return state
+
+
+def test_apply_builds_the_objects():
+    state = _apply_all(_script())
+    assert set(state.datasets) == {"1", "named"}
+    assert state.dataset_by_fingerprint["f2"] == "named"
+    assert state.next_dataset_id() == "2"
+    assert state.job_by_name == {"train": 1}
+    iteration = state.iterations[1]
+    assert iteration.task_ids == [1, 2] and iteration.client_ids == {1, 2}
+    assert not iteration.finished, "one task is still running"
+    assert [t.task_id for t in state.active_tasks_of_worker("w2:1")] == [2]
+    assert state.active_tasks_of_worker("w1:1") == []
+    assert state.next_id("task") == 3 and state.next_id("client") == 3
+
+
+def test_iteration_finishes_with_its_last_task():
+    state = _apply_all(_script() + [U(finish_task=journal_pb2.FinishTaskUpdate(task_id=2))])
+    assert state.iterations[1].finished
+    assert list(state.unfinished_iterations()) == []
+
+
+def test_finish_iteration_stops_its_tasks():
+    state = _apply_all(_script() + [
+        U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=1)),
+        U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=2)),
+        U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=1)),
+    ])
+    assert state.iteration_clients == {}
+    assert state.iterations[1].client_ids == set()
+    assert state.active_tasks_of_worker("w2:1") == []
+
+
+def test_task_def_describes_the_task():
+    state = _apply_all(_script())
+    task_def = state.task_def(state.tasks[2])
+    assert (task_def.task_id, task_def.iteration_id, task_def.job_id, task_def.dataset_id) == (2, 1, 1, "1")
+    assert task_def.processing_mode.sharding_policy == common_pb2.SHARDING_POLICY_OFF
+    assert task_def.worker_address == "w2:1"
+
+
+def _comparable(state: DispatcherState):
+    return {k: v for k, v in vars(state).items()}
+
+
+def test_replaying_the_same_updates_gives_the_same_state():
+    rng = random.Random(7)
+    for _ in range(20):
+        updates = _script()
+        # A random valid tail: more iterations, tasks, clients, finishes.
+        next_task, next_iteration, next_client = 3, 2, 3
+        for _ in range(rng.randint(0, 30)):
+            choice = rng.random()
+            if choice < 0.3:
+                updates.append(U(create_iteration=journal_pb2.CreateIterationUpdate(
+                    iteration_id=next_iteration, job_id=1, repetition=next_iteration)))
+                next_iteration += 1
+            elif choice < 0.6:
+                updates.append(U(create_task=journal_pb2.CreateTaskUpdate(
+                    task_id=next_task, iteration_id=rng.randrange(1, next_iteration),
+                    worker_address=rng.choice(["w1:1", "w2:1"]))))
+                next_task += 1
+            elif choice < 0.8:
+                updates.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                    iteration_client_id=next_client, iteration_id=rng.randrange(1, next_iteration))))
+                next_client += 1
+            else:
+                updates.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=rng.randrange(1, next_task))))
+        # Through the journal's byte form, as a restart would read them.
+        replayed = [journal_pb2.Update.FromString(u.SerializeToString()) for u in updates]
+        assert _comparable(_apply_all(updates)) == _comparable(_apply_all(replayed))
