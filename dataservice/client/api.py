@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 import tensorflow as tf
 
 from dataservice import graph as graph_lib
-from dataservice import modes, rpc
+from dataservice import modes, rpc, splits
 from dataservice.client.reader import IterationReader, JobSpec
 from dataservice.config import DEFAULT_CLIENT_TIMEOUT_MS
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
@@ -186,6 +186,9 @@ def distribute(processing_mode: Union[str, modes.ShardingPolicy], service: Servi
                            data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        if options.sharding_policy == modes.ShardingPolicy.DYNAMIC:
+            # Refuse an unsplittable pipeline here, not at the first element.
+            splits.find_sources(graph_lib.parse_graph(graph_lib.serialize_dataset(dataset)))
         dataset_id = register_dataset(address, dataset, compression=compression,
                                       dispatcher_timeout_ms=dispatcher_timeout_ms)
         return _service_dataset(address, _dataset_id_str(dataset_id), dataset.element_spec,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import re
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -18,7 +19,7 @@ import grpc
 import tensorflow as tf
 
 from dataservice import graph as graph_lib
-from dataservice import rpc
+from dataservice import rpc, sharding, splits
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.state import DispatcherState, Iteration
@@ -26,7 +27,8 @@ from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, jour
 
 log = logging.getLogger(__name__)
 
-_SUPPORTED_POLICIES = {common_pb2.SHARDING_POLICY_OFF}
+# Most splits one GetSplits answer hands out.
+DEFAULT_MAX_SPLITS = 1024
 _POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 _TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
 
@@ -145,11 +147,6 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         policy = request.processing_mode.sharding_policy
         if policy not in _POLICY_NAMES:
             raise rpc.invalid_argument(f"unknown sharding policy {policy}")
-        if policy not in _SUPPORTED_POLICIES:
-            raise rpc.ServiceError(
-                grpc.StatusCode.UNIMPLEMENTED,
-                f"{_POLICY_NAMES[policy]} is not supported by this dispatcher yet; use processing_mode='parallel_epochs'",
-            )
         if request.num_consumers < 0:
             raise rpc.invalid_argument(f"num_consumers must be >= 0, got {request.num_consumers}")
         if request.num_consumers and not request.job_name:
@@ -157,17 +154,58 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         if request.num_consumers:
             raise rpc.ServiceError(grpc.StatusCode.UNIMPLEMENTED, "coordinated reads are not supported yet")
         with self._lock:
-            self._dataset(request.dataset_id)
-            if request.job_name and request.job_name in self._state.job_by_name:
-                job = self._state.jobs[self._state.job_by_name[request.job_name]]
-                self._check_same_job(job, request)
-                return dispatcher_pb2.GetOrCreateJobResponse(job_id=job.job_id)
+            dataset = self._dataset(request.dataset_id)
+            existing = self._named_job(request)
+        if existing is not None:
+            return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
+        split_group_sizes = self._check_policy(policy, request.dataset_id, dataset.metadata)
+        with self._lock:
+            existing = self._named_job(request)  # created meanwhile by another client?
+            if existing is not None:
+                return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
             job_id = self._state.next_id("job")
             self._commit(create_job=journal_pb2.CreateJobUpdate(
                 job_id=job_id, dataset_id=request.dataset_id, processing_mode=request.processing_mode,
                 job_name=request.job_name, num_consumers=request.num_consumers,
-                target_workers=request.target_workers))
+                target_workers=request.target_workers, split_group_sizes=split_group_sizes))
         return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
+
+    def _check_policy(self, policy: int, dataset_id: str, metadata) -> List[int]:
+        """Checks that the dataset can be processed under `policy` (outside the lock:
+        it parses the graph); returns the split group sizes for distributed_epoch."""
+        if policy == common_pb2.SHARDING_POLICY_OFF:
+            return []
+        graph_bytes = self._datasets.get(dataset_id)
+        if graph_bytes is None:
+            raise rpc.failed_precondition(f"the graph of dataset {dataset_id!r} is missing from the work_dir")
+        if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
+            try:
+                return splits.group_sizes(splits.find_sources(graph_lib.parse_graph(graph_bytes)))
+            except (splits.UnsplittableDatasetError, graph_lib.InvalidDatasetError) as e:
+                raise rpc.invalid_argument(str(e)) from None
+        if not self._config.worker_addresses:
+            raise rpc.failed_precondition(
+                f"sharding policy {_POLICY_NAMES[policy]} needs a dispatcher configured with worker_addresses "
+                "(the fixed list of workers whose index picks each worker's shard)")
+        try:
+            sharding.shard(graph_lib.dataset_from_graph(graph_bytes, graph_lib.decode_element_spec(
+                metadata.element_spec)), policy, len(self._config.worker_addresses), 0)
+        except tf.errors.OpError as e:
+            # TensorFlow's message ends with a dump of the whole source node: keep its first line.
+            reason = re.sub(r"\{\{.*?\}\}\s*", "", e.message).split("\n")[0].strip()
+            raise rpc.invalid_argument(
+                f"cannot shard dataset {dataset_id!r} with policy {_POLICY_NAMES[policy]}: {reason} "
+                "(FILE sharding needs a file-based source such as list_files or TFRecordDataset of a file list; "
+                "DATA or FILE_OR_DATA shard any dataset)") from None
+        return []
+
+    def _named_job(self, request) -> Optional[int]:
+        """The id of the job named in the request, if it exists and matches it. Call with self._lock held."""
+        if not request.job_name or request.job_name not in self._state.job_by_name:
+            return None
+        job = self._state.jobs[self._state.job_by_name[request.job_name]]
+        self._check_same_job(job, request)
+        return job.job_id
 
     @staticmethod
     def _check_same_job(job, request) -> None:
@@ -218,7 +256,10 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         task_id = self._state.next_id("task")
         self._commit(create_task=journal_pb2.CreateTaskUpdate(
             task_id=task_id, iteration_id=iteration.iteration_id, worker_address=worker_address))
-        return self._state.task_def(self._state.tasks[task_id])
+        return self._task_def(self._state.tasks[task_id])
+
+    def _task_def(self, task) -> common_pb2.TaskDef:
+        return self._state.task_def(task, tuple(self._config.worker_addresses or ()))
 
     def _push_task(self, task: common_pb2.TaskDef) -> None:
         """Tells the worker about a new task now rather than at its next heartbeat (best effort)."""
@@ -320,6 +361,11 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         address = request.worker_address
         if not address:
             raise rpc.invalid_argument("worker_address must not be empty")
+        allowed = self._config.worker_addresses
+        if allowed and address not in allowed:
+            raise rpc.failed_precondition(
+                f"worker {address} is not in the dispatcher's worker_addresses {list(allowed)}: start it with "
+                "one of those addresses (--worker_address) or restart the dispatcher with a list naming it")
         with self._lock:
             if address not in self._state.workers:
                 self._commit(register_worker=journal_pb2.RegisterWorkerUpdate(
@@ -331,7 +377,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             active = {t.task_id: t for t in self._state.active_tasks_of_worker(address)}
             current = set(request.current_tasks)
             response = dispatcher_pb2.WorkerHeartbeatResponse(
-                new_tasks=[self._state.task_def(t) for tid, t in sorted(active.items()) if tid not in current],
+                new_tasks=[self._task_def(t) for tid, t in sorted(active.items()) if tid not in current],
                 tasks_to_delete=sorted(current - set(active)),
             )
         return response
@@ -351,3 +397,40 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 if not task.finished:
                     self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
         return dispatcher_pb2.WorkerUpdateResponse()
+
+    # ---- distributed_epoch splits -----------------------------------------
+
+    @rpc.handler
+    def GetSplits(self, request, context):
+        if request.repetition < 0 or request.max_splits < 0:
+            raise rpc.invalid_argument("repetition and max_splits must be >= 0")
+        with self._lock:
+            iteration = self._state.iterations.get(request.iteration_id)
+            if iteration is None:
+                raise rpc.not_found(f"iteration {request.iteration_id} is not known to {self._where()}")
+            job = self._state.jobs[iteration.job_id]
+            if job.sharding_policy != common_pb2.SHARDING_POLICY_DYNAMIC:
+                raise rpc.failed_precondition(
+                    f"iteration {request.iteration_id} is not a distributed_epoch iteration: it has no splits")
+            if not 0 <= request.split_group < len(job.split_group_sizes):
+                raise rpc.invalid_argument(
+                    f"split group {request.split_group} out of range: the pipeline has "
+                    f"{len(job.split_group_sizes)}")
+            end = dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
+            if iteration.finished:
+                return end
+            repetition, begin = self._state.split_position(iteration, request.split_group)
+            if request.repetition < repetition:
+                return end
+            if request.repetition > repetition:
+                repetition, begin = request.repetition, 0
+            remaining = job.split_group_sizes[request.split_group] - begin
+            if remaining <= 0:
+                return end
+            # Ranges shrink as the epoch ends, so that the last splits spread over the workers.
+            fair = max(1, remaining // (2 * max(1, self._state.unfinished_task_count(iteration))))
+            count = min(request.max_splits or DEFAULT_MAX_SPLITS, fair)
+            self._commit(produce_splits=journal_pb2.ProduceSplitsUpdate(
+                iteration_id=iteration.iteration_id, split_group=request.split_group, repetition=repetition,
+                begin=begin, end=begin + count, task_id=request.task_id))
+        return dispatcher_pb2.GetSplitsResponse(begin=begin, end=begin + count)

@@ -36,6 +36,8 @@ class Job:
     job_name: str
     num_consumers: int
     target_workers: int
+    # distributed_epoch: splits in each split group of the pipeline.
+    split_group_sizes: List[int] = dataclasses.field(default_factory=list)
     # repetition -> iteration id
     iterations: Dict[int, int] = dataclasses.field(default_factory=dict)
 
@@ -49,6 +51,8 @@ class Iteration:
     client_ids: Set[int] = dataclasses.field(default_factory=set)
     # Every task finished, or the iteration was ended early.
     finished: bool = False
+    # distributed_epoch: split group -> (repetition, next split index to hand out).
+    split_positions: Dict[int, Tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -103,6 +107,7 @@ class DispatcherState:
             job_name=u.job_name,
             num_consumers=u.num_consumers,
             target_workers=u.target_workers,
+            split_group_sizes=list(u.split_group_sizes),
         )
         if u.job_name:
             self.job_by_name[u.job_name] = u.job_id
@@ -138,6 +143,9 @@ class DispatcherState:
     def _apply_finish_iteration(self, u: journal_pb2.FinishIterationUpdate) -> None:
         self.iterations[u.iteration_id].finished = True
 
+    def _apply_produce_splits(self, u: journal_pb2.ProduceSplitsUpdate) -> None:
+        self.iterations[u.iteration_id].split_positions[u.split_group] = (u.repetition, u.end)
+
     def _bump(self, kind: str, used_id: int) -> None:
         self._next_ids[kind] = max(self._next_ids[kind], used_id + 1)
 
@@ -171,9 +179,11 @@ class DispatcherState:
             if not self.tasks[t].finished and not self.iterations[self.tasks[t].iteration_id].finished
         ]
 
-    def task_def(self, task: Task) -> common_pb2.TaskDef:
+    def task_def(self, task: Task, worker_addresses: Tuple[str, ...] = ()) -> common_pb2.TaskDef:
+        """The task as a worker needs it; `worker_addresses` (static sharding) gives its shard index."""
         iteration = self.iterations[task.iteration_id]
         job = self.jobs[iteration.job_id]
+        static = task.worker_address in worker_addresses
         return common_pb2.TaskDef(
             task_id=task.task_id,
             iteration_id=task.iteration_id,
@@ -181,7 +191,15 @@ class DispatcherState:
             dataset_id=job.dataset_id,
             processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
             worker_address=task.worker_address,
+            worker_index=worker_addresses.index(task.worker_address) if static else 0,
+            num_workers=len(worker_addresses) if static else 0,
         )
+
+    def split_position(self, iteration: Iteration, group: int) -> Tuple[int, int]:
+        return iteration.split_positions.get(group, (0, 0))
+
+    def unfinished_task_count(self, iteration: Iteration) -> int:
+        return sum(not self.tasks[t].finished for t in iteration.task_ids)
 
     def task_infos(self, iteration: Iteration) -> List[Tuple[Task, Worker]]:
         return [(self.tasks[t], self.workers[self.tasks[t].worker_address]) for t in iteration.task_ids]

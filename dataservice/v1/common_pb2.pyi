@@ -55,20 +55,24 @@ class DatasetMetadata(_message.Message):
     def __init__(self, element_spec: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., cardinality: _Optional[int] = ...) -> None: ...
 
 class TaskDef(_message.Message):
-    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address")
+    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_MODE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_id: int
     job_id: int
     dataset_id: str
     processing_mode: ProcessingModeDef
     worker_address: str
-    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ...) -> None: ...
+    worker_index: int
+    num_workers: int
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("task_id", "worker_address", "transfer_address", "finished")

@@ -168,3 +168,27 @@ class GetDatasetDefResponse(_message.Message):
     graph_def: bytes
     metadata: _common_pb2.DatasetMetadata
     def __init__(self, graph_def: _Optional[bytes] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ...) -> None: ...
+
+class GetSplitsRequest(_message.Message):
+    __slots__ = ("iteration_id", "task_id", "split_group", "repetition", "max_splits")
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    MAX_SPLITS_FIELD_NUMBER: _ClassVar[int]
+    iteration_id: int
+    task_id: int
+    split_group: int
+    repetition: int
+    max_splits: int
+    def __init__(self, iteration_id: _Optional[int] = ..., task_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., max_splits: _Optional[int] = ...) -> None: ...
+
+class GetSplitsResponse(_message.Message):
+    __slots__ = ("begin", "end", "end_of_splits")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    END_OF_SPLITS_FIELD_NUMBER: _ClassVar[int]
+    begin: int
+    end: int
+    end_of_splits: bool
+    def __init__(self, begin: _Optional[int] = ..., end: _Optional[int] = ..., end_of_splits: _Optional[bool] = ...) -> None: ...

@@ -89,6 +89,11 @@ class DispatcherServiceStub:
                 request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetDatasetDefRequest.SerializeToString,
                 response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetDatasetDefResponse.FromString,
                 _registered_method=True)
+        self.GetSplits = channel.unary_unary(
+                '/dataservice.v1.DispatcherService/GetSplits',
+                request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsRequest.SerializeToString,
+                response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsResponse.FromString,
+                _registered_method=True)
 
 
 class DispatcherServiceServicer:
@@ -162,6 +167,13 @@ class DispatcherServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSplits(self, request, context):
+        """distributed_epoch: the next range of split indices of one split group.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +231,11 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.GetDatasetDef,
                     request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetDatasetDefRequest.FromString,
                     response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetDatasetDefResponse.SerializeToString,
+            ),
+            'GetSplits': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSplits,
+                    request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsRequest.FromString,
+                    response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -518,6 +535,33 @@ class DispatcherService:
             '/dataservice.v1.DispatcherService/GetDatasetDef',
             dataservice_dot_v1_dot_dispatcher__pb2.GetDatasetDefRequest.SerializeToString,
             dataservice_dot_v1_dot_dispatcher__pb2.GetDatasetDefResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSplits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.v1.DispatcherService/GetSplits',
+            dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsRequest.SerializeToString,
+            dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,13 +1,14 @@
 from dataservice.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Update(_message.Message):
-    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration")
+    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits")
     REGISTER_DATASET_FIELD_NUMBER: _ClassVar[int]
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     CREATE_JOB_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +18,7 @@ class Update(_message.Message):
     ACQUIRE_ITERATION_CLIENT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_ITERATION_CLIENT_FIELD_NUMBER: _ClassVar[int]
     FINISH_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_SPLITS_FIELD_NUMBER: _ClassVar[int]
     register_dataset: RegisterDatasetUpdate
     register_worker: RegisterWorkerUpdate
     create_job: CreateJobUpdate
@@ -26,7 +28,8 @@ class Update(_message.Message):
     acquire_iteration_client: AcquireIterationClientUpdate
     release_iteration_client: ReleaseIterationClientUpdate
     finish_iteration: FinishIterationUpdate
-    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ...) -> None: ...
+    produce_splits: ProduceSplitsUpdate
+    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ...) -> None: ...
 
 class RegisterDatasetUpdate(_message.Message):
     __slots__ = ("dataset_id", "fingerprint", "metadata")
@@ -47,20 +50,22 @@ class RegisterWorkerUpdate(_message.Message):
     def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ...) -> None: ...
 
 class CreateJobUpdate(_message.Message):
-    __slots__ = ("job_id", "dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers")
+    __slots__ = ("job_id", "dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers", "split_group_sizes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_MODE_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     TARGET_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_GROUP_SIZES_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     dataset_id: str
     processing_mode: _common_pb2.ProcessingModeDef
     job_name: str
     num_consumers: int
     target_workers: _common_pb2.TargetWorkers
-    def __init__(self, job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ...) -> None: ...
+    split_group_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ..., split_group_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateIterationUpdate(_message.Message):
     __slots__ = ("iteration_id", "job_id", "repetition")
@@ -107,3 +112,19 @@ class FinishIterationUpdate(_message.Message):
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     iteration_id: int
     def __init__(self, iteration_id: _Optional[int] = ...) -> None: ...
+
+class ProduceSplitsUpdate(_message.Message):
+    __slots__ = ("iteration_id", "split_group", "repetition", "begin", "end", "task_id")
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    iteration_id: int
+    split_group: int
+    repetition: int
+    begin: int
+    end: int
+    task_id: int
+    def __init__(self, iteration_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ..., task_id: _Optional[int] = ...) -> None: ...

@@ -17,10 +17,11 @@ import grpc
 import tensorflow as tf
 
 from dataservice import graph as graph_lib
-from dataservice import rpc, server_util
+from dataservice import rpc, server_util, sharding, splits
 from dataservice.config import WorkerConfig
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2, worker_pb2_grpc
 from dataservice.wire import ElementCodec
+from dataservice.worker.split_fetcher import SplitFetcher
 from dataservice.worker.task_runner import TaskRunner
 
 log = logging.getLogger(__name__)
@@ -245,9 +246,26 @@ class WorkerServer:
             if task.task_id in self._runners or task.task_id in self.finished_tasks:
                 return
             self._runners[task.task_id] = TaskRunner(
-                task.task_id, lambda: graph_lib.dataset_from_graph(graph_def, element_spec), ElementCodec(element_spec))
+                task.task_id, lambda: self._task_dataset(task, graph_def, element_spec), ElementCodec(element_spec))
             self._tasks_changed.notify_all()
         log.info("worker %s started task %d (iteration %d)", self.address, task.task_id, task.iteration_id)
+
+    def _task_dataset(self, task: common_pb2.TaskDef, graph_def: bytes, element_spec) -> tf.data.Dataset:
+        """The pipeline of a task: whole (parallel_epochs), over the dispatcher's splits
+        (distributed_epoch), or this worker's static shard."""
+        policy = task.processing_mode.sharding_policy
+        if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
+            sources = splits.find_sources(graph_lib.parse_graph(graph_def))
+            fetcher = SplitFetcher(self._dispatcher, self._config.dispatcher_address, task.iteration_id,
+                                   task.task_id, sources, self._config.dispatcher_timeout_ms / 1000)
+            dataset, keepalive = splits.rebuild_with_splits(graph_def, element_spec, sources, fetcher.ranges)
+            # The rebuilt graph's function must outlive the dataset's iterator.
+            dataset._dataservice_keepalive = keepalive  # pylint: disable=protected-access
+            return dataset
+        dataset = graph_lib.dataset_from_graph(graph_def, element_spec)
+        if policy in sharding.STATIC_POLICIES:
+            dataset = sharding.shard(dataset, policy, task.num_workers, task.worker_index)
+        return dataset
 
     def _delete_task(self, task_id: int) -> None:
         with self._lock:

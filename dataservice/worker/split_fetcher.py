@@ -1,0 +1,100 @@
+"""A task's supply of splits from the dispatcher, for distributed_epoch.
+
+Each source of the pipeline asks for index ranges of its split group; a
+range is fetched once and read by every source of the group (the inputs of
+one zip), so zipped sources see the same indices. Each restart of a source
+(a repeat() in the pipeline) reads the next repetition, which the dispatcher
+hands out anew: repeat() inside the pipeline gives every split once per
+repetition across all workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from dataservice import rpc
+from dataservice.splits import Source
+from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
+
+_RANGE_SIGNATURE = (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64))
+
+
+class _GroupLog:
+    """The ranges of one (group, repetition) fetched so far."""
+
+    def __init__(self) -> None:
+        self.ranges: List[Tuple[int, int]] = []
+        self.ended = False
+        self.fetching = False
+
+
+class SplitFetcher:
+    def __init__(self, dispatcher: dispatcher_pb2_grpc.DispatcherServiceStub, dispatcher_address: str,
+                 iteration_id: int, task_id: int, sources: List[Source], timeout_s: float):
+        self._dispatcher = dispatcher
+        self._address = dispatcher_address
+        self._iteration_id = iteration_id
+        self._task_id = task_id
+        self._timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._logs: Dict[Tuple[int, int], _GroupLog] = {}
+        self._repetitions: Dict[str, int] = {s.node_name: -1 for s in sources}
+        self._group_of = {s.node_name: s.group for s in sources}
+
+    def ranges(self, source: Source) -> tf.data.Dataset:
+        """(begin, end) pairs for `source`: a new repetition each time it is iterated, one range read ahead."""
+
+        def generate():
+            with self._cond:
+                repetition = self._repetitions[source.node_name] + 1
+                self._repetitions[source.node_name] = repetition
+                self._forget_passed(source.group)
+            index = 0
+            while True:
+                split_range = self._range(source.group, repetition, index)
+                if split_range is None:
+                    return
+                yield np.int64(split_range[0]), np.int64(split_range[1])
+                index += 1
+
+        return tf.data.Dataset.from_generator(generate, output_signature=_RANGE_SIGNATURE).prefetch(1)
+
+    def _forget_passed(self, group: int) -> None:
+        """Drops the ranges of repetitions that every source of the group has moved past."""
+        oldest = min(r for name, r in self._repetitions.items() if self._group_of[name] == group)
+        for key in [k for k in self._logs if k[0] == group and k[1] < oldest]:
+            del self._logs[key]
+
+    def _range(self, group: int, repetition: int, index: int) -> Optional[Tuple[int, int]]:
+        with self._cond:
+            log = self._logs.setdefault((group, repetition), _GroupLog())
+            while index >= len(log.ranges) and not log.ended:
+                if log.fetching:
+                    self._cond.wait()
+                    continue
+                log.fetching = True
+                self._cond.release()
+                try:
+                    response = self._fetch(group, repetition)
+                finally:
+                    self._cond.acquire()
+                    log.fetching = False
+                    self._cond.notify_all()
+                if response.end_of_splits:
+                    log.ended = True
+                else:
+                    log.ranges.append((response.begin, response.end))
+            return log.ranges[index] if index < len(log.ranges) else None
+
+    def _fetch(self, group: int, repetition: int) -> dispatcher_pb2.GetSplitsResponse:
+        return rpc.call(
+            self._dispatcher.GetSplits,
+            dispatcher_pb2.GetSplitsRequest(iteration_id=self._iteration_id, task_id=self._task_id,
+                                            split_group=group, repetition=repetition),
+            server=f"dispatcher at {self._address}", what=f"fetching splits for task {self._task_id}",
+            timeout_s=self._timeout_s,
+        )
