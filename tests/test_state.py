@@ -72,33 +72,62 @@ def test_task_def_describes_the_task():
     assert task_def.worker_address == "w2:1"
 
 
-def _comparable(state: DispatcherState):
+def random_updates(rng: random.Random, length: int):
+    """A valid update sequence: the fixed script, then random iterations, tasks, splits, clients, finishes."""
+    updates = _script()
+    next_task, next_iteration, next_client = 3, 2, 3
+    clients = {1, 2}
+    for _ in range(length):
+        choice = rng.random()
+        if choice < 0.2:
+            updates.append(U(create_iteration=journal_pb2.CreateIterationUpdate(
+                iteration_id=next_iteration, job_id=1, repetition=next_iteration)))
+            next_iteration += 1
+        elif choice < 0.4:
+            updates.append(U(create_task=journal_pb2.CreateTaskUpdate(
+                task_id=next_task, iteration_id=rng.randrange(1, next_iteration),
+                worker_address=rng.choice(["w1:1", "w2:1"]))))
+            next_task += 1
+        elif choice < 0.55:
+            updates.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                iteration_client_id=next_client, iteration_id=rng.randrange(1, next_iteration))))
+            clients.add(next_client)
+            next_client += 1
+        elif choice < 0.65 and clients:
+            client = rng.choice(sorted(clients))
+            clients.discard(client)
+            updates.append(U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(
+                iteration_client_id=client)))
+        elif choice < 0.75:
+            begin = rng.randrange(0, 100)
+            updates.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
+                iteration_id=rng.randrange(1, next_iteration), split_group=rng.randrange(2),
+                repetition=rng.randrange(3), begin=begin, end=begin + rng.randrange(1, 50))))
+        elif choice < 0.8:
+            updates.append(U(finish_iteration=journal_pb2.FinishIterationUpdate(
+                iteration_id=rng.randrange(1, next_iteration))))
+        else:
+            updates.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=rng.randrange(1, next_task))))
+    return updates
+
+
+def comparable(state: DispatcherState):
     return {k: v for k, v in vars(state).items()}
 
 
 def test_replaying_the_same_updates_gives_the_same_state():
     rng = random.Random(7)
     for _ in range(20):
-        updates = _script()
-        # A random valid tail: more iterations, tasks, clients, finishes.
-        next_task, next_iteration, next_client = 3, 2, 3
-        for _ in range(rng.randint(0, 30)):
-            choice = rng.random()
-            if choice < 0.3:
-                updates.append(U(create_iteration=journal_pb2.CreateIterationUpdate(
-                    iteration_id=next_iteration, job_id=1, repetition=next_iteration)))
-                next_iteration += 1
-            elif choice < 0.6:
-                updates.append(U(create_task=journal_pb2.CreateTaskUpdate(
-                    task_id=next_task, iteration_id=rng.randrange(1, next_iteration),
-                    worker_address=rng.choice(["w1:1", "w2:1"]))))
-                next_task += 1
-            elif choice < 0.8:
-                updates.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
-                    iteration_client_id=next_client, iteration_id=rng.randrange(1, next_iteration))))
-                next_client += 1
-            else:
-                updates.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=rng.randrange(1, next_task))))
+        updates = random_updates(rng, rng.randint(0, 40))
         # Through the journal's byte form, as a restart would read them.
         replayed = [journal_pb2.Update.FromString(u.SerializeToString()) for u in updates]
-        assert _comparable(_apply_all(updates)) == _comparable(_apply_all(replayed))
+        assert comparable(_apply_all(updates)) == comparable(_apply_all(replayed))
+
+
+def test_snapshot_then_replay_equals_full_replay():
+    rng = random.Random(11)
+    for _ in range(100):
+        updates = random_updates(rng, rng.randint(0, 60))
+        cut = rng.randint(0, len(updates))
+        snapshot = _apply_all(updates[:cut]).to_updates()
+        assert comparable(_apply_all(snapshot + updates[cut:])) == comparable(_apply_all(updates))

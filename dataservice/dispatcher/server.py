@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 import threading
-from typing import Optional
+import time
+from typing import Optional, Tuple
 
 from dataservice import server_util
 from dataservice.config import DispatcherConfig
+from dataservice.dispatcher import journal
+from dataservice.dispatcher.journal import JournalWriter
 from dataservice.dispatcher.service import DispatcherService
+from dataservice.dispatcher.state import DispatcherState
 from dataservice.v1 import dispatcher_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -25,14 +30,30 @@ class DispatchServer:
         self._config = config or DispatcherConfig()
         if not isinstance(self._config, DispatcherConfig):
             raise TypeError(f"config must be a DispatcherConfig, got {type(self._config).__name__}")
+        state, self._journal = self._recover()
         self._server = server_util.new_server(max_workers=32)
         self._port = server_util.bind(self._server, self._config.port)
-        self._service = DispatcherService(self._config, address=lambda: self._address)
+        self._service = DispatcherService(self._config, address=lambda: self._address, journal=self._journal,
+                                          state=state)
         dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._service, self._server)
         self._started = False
         self._stopped = threading.Event()
         if start:
             self.start()
+
+    def _recover(self) -> Tuple[Optional[DispatcherState], Optional[JournalWriter]]:
+        """In fault_tolerant_mode: replays the journal (before the port is bound, so that
+        clients meanwhile see UNAVAILABLE and retry) and opens a new segment."""
+        if not self._config.fault_tolerant_mode:
+            return None, None
+        directory = pathlib.Path(self._config.work_dir) / "journal"
+        started = time.monotonic()
+        updates, next_seq = journal.read(directory)
+        state = DispatcherState()
+        for update in updates:
+            state.apply(update)
+        log.info("recovered %d journal updates in %.3f s", len(updates), time.monotonic() - started)
+        return state, journal.JournalWriter(directory, next_seq)
 
     def start(self) -> None:
         """Starts serving. Calling it again does nothing."""
@@ -51,6 +72,8 @@ class DispatchServer:
             return
         self._service.stop()
         self._server.stop(grace_s).wait()
+        if self._journal is not None:
+            self._journal.close()
         self._stopped.set()
 
     @property

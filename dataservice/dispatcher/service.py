@@ -22,11 +22,14 @@ from dataservice import graph as graph_lib
 from dataservice import rpc, sharding, splits
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher.dataset_store import DatasetStore
+from dataservice.dispatcher.journal import JournalWriter
 from dataservice.dispatcher.state import DispatcherState, Iteration
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, journal_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# Journal updates between two snapshots.
+DEFAULT_SNAPSHOT_EVERY = 10_000
 # Most splits one GetSplits answer hands out.
 DEFAULT_MAX_SPLITS = 1024
 _POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
@@ -35,11 +38,13 @@ _TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
 
 class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
     def __init__(self, config: DispatcherConfig, address: Callable[[], str],
-                 journal_append: Optional[Callable[[journal_pb2.Update], None]] = None,
-                 state: Optional[DispatcherState] = None):
+                 journal: Optional[JournalWriter] = None, state: Optional[DispatcherState] = None,
+                 snapshot_every: int = DEFAULT_SNAPSHOT_EVERY):
         self._config = config
         self._address = address
-        self._journal_append = journal_append
+        self._journal = journal
+        self._snapshot_every = snapshot_every
+        self._since_snapshot = 0
         self._state = state or DispatcherState()
         self._datasets = DatasetStore(config.work_dir)
         self._lock = threading.RLock()
@@ -61,9 +66,15 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
     def _commit(self, **change) -> None:
         """Journals, then applies, one Update. Call with self._lock held."""
         update = journal_pb2.Update(**change)
-        if self._journal_append is not None:
-            self._journal_append(update)
+        if self._journal is not None:
+            self._journal.append(update)
         self._state.apply(update)
+        if self._journal is not None:
+            self._since_snapshot += 1
+            if self._since_snapshot >= self._snapshot_every:
+                # Keeps recovery time flat however long the dispatcher runs.
+                self._journal.snapshot(self._state.to_updates())
+                self._since_snapshot = 0
 
     def _where(self) -> str:
         return f"the dispatcher at {self._address()}"

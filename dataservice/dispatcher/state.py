@@ -146,8 +146,54 @@ class DispatcherState:
     def _apply_produce_splits(self, u: journal_pb2.ProduceSplitsUpdate) -> None:
         self.iterations[u.iteration_id].split_positions[u.split_group] = (u.repetition, u.end)
 
+    def _apply_reserve_ids(self, u: journal_pb2.ReserveIdsUpdate) -> None:
+        for kind in self._next_ids:
+            self._next_ids[kind] = max(self._next_ids[kind], getattr(u, f"next_{kind}_id"))
+
     def _bump(self, kind: str, used_id: int) -> None:
         self._next_ids[kind] = max(self._next_ids[kind], used_id + 1)
+
+    # ---- snapshots ---------------------------------------------------------
+
+    def to_updates(self) -> List[journal_pb2.Update]:
+        """Updates that, applied to an empty state, rebuild this one (a journal snapshot)."""
+        U = journal_pb2.Update
+        out: List[journal_pb2.Update] = []
+        for d in self.datasets.values():
+            out.append(U(register_dataset=journal_pb2.RegisterDatasetUpdate(
+                dataset_id=d.dataset_id, fingerprint=d.fingerprint, metadata=d.metadata)))
+        for w in self.workers.values():
+            out.append(U(register_worker=journal_pb2.RegisterWorkerUpdate(
+                worker_address=w.address, transfer_address=w.transfer_address)))
+        for j in sorted(self.jobs.values(), key=lambda j: j.job_id):
+            out.append(U(create_job=journal_pb2.CreateJobUpdate(
+                job_id=j.job_id, dataset_id=j.dataset_id,
+                processing_mode=common_pb2.ProcessingModeDef(sharding_policy=j.sharding_policy),
+                job_name=j.job_name, num_consumers=j.num_consumers, target_workers=j.target_workers,
+                split_group_sizes=j.split_group_sizes)))
+        iterations = sorted(self.iterations.values(), key=lambda i: i.iteration_id)
+        for it in iterations:
+            out.append(U(create_iteration=journal_pb2.CreateIterationUpdate(
+                iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition)))
+            for group, (repetition, end) in sorted(it.split_positions.items()):
+                out.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
+                    iteration_id=it.iteration_id, split_group=group, repetition=repetition, end=end)))
+        tasks = sorted(self.tasks.values(), key=lambda t: t.task_id)
+        for t in tasks:
+            out.append(U(create_task=journal_pb2.CreateTaskUpdate(
+                task_id=t.task_id, iteration_id=t.iteration_id, worker_address=t.worker_address)))
+        for t in tasks:
+            if t.finished:
+                out.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=t.task_id)))
+        for client_id, iteration_id in sorted(self.iteration_clients.items()):
+            out.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                iteration_client_id=client_id, iteration_id=iteration_id)))
+        for it in iterations:
+            if it.finished:
+                out.append(U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=it.iteration_id)))
+        out.append(U(reserve_ids=journal_pb2.ReserveIdsUpdate(**{
+            f"next_{kind}_id": value for kind, value in self._next_ids.items()})))
+        return out
 
     # ---- queries ---------------------------------------------------------
 

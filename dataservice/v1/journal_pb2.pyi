@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Update(_message.Message):
-    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits")
+    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids")
     REGISTER_DATASET_FIELD_NUMBER: _ClassVar[int]
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     CREATE_JOB_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class Update(_message.Message):
     RELEASE_ITERATION_CLIENT_FIELD_NUMBER: _ClassVar[int]
     FINISH_ITERATION_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_SPLITS_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_IDS_FIELD_NUMBER: _ClassVar[int]
     register_dataset: RegisterDatasetUpdate
     register_worker: RegisterWorkerUpdate
     create_job: CreateJobUpdate
@@ -29,7 +30,8 @@ class Update(_message.Message):
     release_iteration_client: ReleaseIterationClientUpdate
     finish_iteration: FinishIterationUpdate
     produce_splits: ProduceSplitsUpdate
-    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ...) -> None: ...
+    reserve_ids: ReserveIdsUpdate
+    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ...) -> None: ...
 
 class RegisterDatasetUpdate(_message.Message):
     __slots__ = ("dataset_id", "fingerprint", "metadata")
@@ -128,3 +130,17 @@ class ProduceSplitsUpdate(_message.Message):
     end: int
     task_id: int
     def __init__(self, iteration_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ..., task_id: _Optional[int] = ...) -> None: ...
+
+class ReserveIdsUpdate(_message.Message):
+    __slots__ = ("next_dataset_id", "next_job_id", "next_iteration_id", "next_task_id", "next_client_id")
+    NEXT_DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    next_dataset_id: int
+    next_job_id: int
+    next_iteration_id: int
+    next_task_id: int
+    next_client_id: int
+    def __init__(self, next_dataset_id: _Optional[int] = ..., next_job_id: _Optional[int] = ..., next_iteration_id: _Optional[int] = ..., next_task_id: _Optional[int] = ..., next_client_id: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,206 @@
+"""Benchmarks: the same workloads through a local pipeline, TensorFlow's own
+tf.data service and dataservice, in one process run, reported as ratios.
+
+    python -m dataservice.bench [--quick] [--json FILE] [--workloads 1,2,3,4,5]
+
+1. scalar int64 elements, 1 worker, parallel_epochs (elements/s)
+2. 1 MiB float32 elements, 1 worker, compression None and AUTO (MB/s)
+3. distributed_epoch over range(N), 2 workers (elements/s; each element is one split)
+4. a latency-bound pipeline (a sleep in every element), 1/2/4 workers (scaling efficiency)
+5. time to first element (s)
+
+TensorFlow's servers run in this process (they are C++); ours run as
+`data-server` processes, as they would in production. The client of each
+runs in this process. Nothing here asserts a speed: `--quick` runs each
+workload in seconds, for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+from tensorflow.python.data.experimental.ops import testing  # noqa: E402
+
+import dataservice  # noqa: E402
+from dataservice.local_cluster import LocalCluster  # noqa: E402
+
+tf_service = tf.data.experimental.service
+
+
+class _TFCluster:
+    """TensorFlow's own dispatcher and workers, in this process."""
+
+    def __init__(self) -> None:
+        self.dispatcher = tf_service.DispatchServer()
+        self.workers: List[tf_service.WorkerServer] = []
+
+    @property
+    def target(self) -> str:
+        return self.dispatcher.target
+
+    def add_worker(self) -> None:
+        address = self.dispatcher.target.split("://")[1]
+        self.workers.append(tf_service.WorkerServer(tf_service.WorkerConfig(dispatcher_address=address)))
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker._stop()  # pylint: disable=protected-access
+        self.dispatcher._stop()  # pylint: disable=protected-access
+
+
+class _OurCluster:
+    def __init__(self) -> None:
+        self.local = LocalCluster(num_workers=0)
+
+    @property
+    def target(self) -> str:
+        return self.local.target
+
+    def add_worker(self) -> None:
+        self.local.add_worker()
+
+    def stop(self) -> None:
+        self.local.stop()
+
+
+def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0) -> Dict[str, float]:
+    """Iterates in batches (so the Python loop is not the bottleneck) and times it."""
+    start = time.perf_counter()
+    elements = 0
+    for batch in dataset.batch(256):
+        elements += int(tf.nest.flatten(batch)[0].shape[0])
+    seconds = time.perf_counter() - start
+    return {"elements": elements, "seconds": seconds, "elements_per_s": elements / seconds,
+            "mb_per_s": elements * bytes_per_element / seconds / 1e6}
+
+
+def _first_element_s(dataset: tf.data.Dataset) -> float:
+    start = time.perf_counter()
+    iterator = iter(dataset)
+    next(iterator)
+    elapsed = time.perf_counter() - start
+    del iterator
+    return elapsed
+
+
+class Bench:
+    def __init__(self, quick: bool):
+        self.quick = quick
+        self.rows: List[dict] = []
+
+    def record(self, workload: str, metric: str, unit: str, values: Dict[str, float],
+               higher_is_better: bool = True) -> None:
+        ours, theirs = values.get("dataservice"), values.get("tf.data service")
+        ratio = None
+        if ours and theirs:
+            ratio = ours / theirs if higher_is_better else theirs / ours
+        row = {"workload": workload, "metric": metric, "unit": unit, "values": values,
+               "ratio_vs_tf_service": ratio}
+        self.rows.append(row)
+        cells = "  ".join(f"{k}={v:,.3f}" if v < 100 else f"{k}={v:,.0f}" for k, v in values.items())
+        print(f"{workload:<44} {metric:<22} {cells}  ratio={ratio:.2f}x" if ratio else
+              f"{workload:<44} {metric:<22} {cells}", flush=True)
+
+    def distribute(self, system, cluster, mode: str = "parallel_epochs", **kwargs) -> Callable:
+        if system == "dataservice":
+            return dataservice.distribute(mode, cluster.target, **kwargs)
+        return tf_service.distribute(mode, cluster.target, **kwargs)
+
+    def compare(self, workload: str, metric: str, unit: str, make: Callable[[], tf.data.Dataset],
+                clusters: Dict[str, object], measure: Callable[[tf.data.Dataset], float],
+                local: bool = True, higher_is_better: bool = True, **distribute_kwargs) -> Dict[str, float]:
+        values = {}
+        if local:
+            values["local"] = measure(make())
+        for system, cluster in clusters.items():
+            values[system] = measure(make().apply(self.distribute(system, cluster, **distribute_kwargs)))
+        self.record(workload, metric, unit, values, higher_is_better)
+        return values
+
+
+def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dict]:
+    bench = Bench(quick)
+    scale = 1 if not quick else 0.05
+    clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()}
+    try:
+        for cluster in clusters.values():
+            cluster.add_worker()
+        n_scalars = int(400_000 * scale) or 2000
+        if 1 in workloads:
+            bench.compare("1. scalar int64, 1 worker, parallel_epochs", "throughput", "elements/s",
+                          lambda: tf.data.Dataset.range(n_scalars), clusters,
+                          lambda ds: _count(ds)["elements_per_s"])
+        if 2 in workloads:
+            mib = 1024 * 1024
+            n_big = max(20, int(400 * scale))
+            # One random 1 MiB tensor, repeated: the workload measures moving it, not making it.
+            payload = tf.random.stateless_uniform([mib // 4], seed=[1, 2])
+            make_big = lambda: tf.data.Dataset.from_tensors(payload).repeat(n_big)  # noqa: E731
+            for compression in (None, "AUTO"):
+                bench.compare(f"2. 1 MiB float32, 1 worker, compression={compression}", "throughput", "MB/s",
+                              make_big, clusters, lambda ds: _count(ds, mib)["mb_per_s"], compression=compression)
+        if 5 in workloads:
+            bench.compare("5. time to first element, 1 worker", "latency", "s",
+                          lambda: tf.data.Dataset.range(10**9), clusters, _first_element_s,
+                          higher_is_better=False)
+        sleep_us = 2000
+        n_sleep = int(3000 * scale) or 100
+        make_slow = lambda: tf.data.Dataset.range(n_sleep).apply(testing.sleep(sleep_us))  # noqa: E731
+        rates: Dict[int, Dict[str, float]] = {}
+        if 4 in workloads:
+            rates[1] = bench.compare("4. sleep 2 ms/element, 1 worker", "throughput", "elements/s", make_slow,
+                                     clusters, lambda ds: _count(ds)["elements_per_s"])
+        for cluster in clusters.values():
+            cluster.add_worker()
+        if 3 in workloads:
+            n_split = int(1_000_000 * scale) or 5000
+            bench.compare("3. distributed_epoch range(N), 2 workers", "throughput", "elements/s",
+                          lambda: tf.data.Dataset.range(n_split), clusters,
+                          lambda ds: _count(ds)["elements_per_s"], mode="distributed_epoch")
+        if 4 in workloads:
+            rates[2] = bench.compare("4. sleep 2 ms/element, 2 workers", "throughput", "elements/s", make_slow,
+                                     clusters, lambda ds: _count(ds)["elements_per_s"], local=False)
+            for cluster in clusters.values():
+                cluster.add_worker()
+                cluster.add_worker()
+            rates[4] = bench.compare("4. sleep 2 ms/element, 4 workers", "throughput", "elements/s", make_slow,
+                                     clusters, lambda ds: _count(ds)["elements_per_s"], local=False)
+            for k in (2, 4):
+                bench.record(f"4. scaling efficiency, {k} workers", "efficiency", "rate_k/(k*rate_1)",
+                             {s: rates[k][s] / (k * rates[1][s]) for s in clusters})
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"quick": quick, "rows": bench.rows}, f, indent=2)
+        print(f"wrote {json_path}")
+    return bench.rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="dataservice vs TensorFlow's tf.data service")
+    parser.add_argument("--quick", action="store_true", help="small sizes: seconds per workload")
+    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--workloads", default="1,2,3,4,5", help="comma-separated workload numbers")
+    args = parser.parse_args(argv)
+    try:
+        workloads = sorted({int(w) for w in args.workloads.split(",")})
+    except ValueError:
+        parser.error(f"--workloads must be numbers 1-5, got {args.workloads!r}")
+    if not set(workloads) <= {1, 2, 3, 4, 5}:
+        parser.error(f"--workloads must be numbers 1-5, got {args.workloads!r}")
+    run(args.quick, workloads, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
