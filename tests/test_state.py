@@ -77,6 +77,7 @@ def random_updates(rng: random.Random, length: int):
     updates = _script()
     next_task, next_iteration, next_client = 3, 2, 3
     clients = {1, 2}
+    tasks_on = {"w1:1": [1], "w2:1": [2]}
     for _ in range(length):
         choice = rng.random()
         if choice < 0.2:
@@ -84,9 +85,10 @@ def random_updates(rng: random.Random, length: int):
                 iteration_id=next_iteration, job_id=1, repetition=next_iteration)))
             next_iteration += 1
         elif choice < 0.4:
+            worker = rng.choice(["w1:1", "w2:1"])
             updates.append(U(create_task=journal_pb2.CreateTaskUpdate(
-                task_id=next_task, iteration_id=rng.randrange(1, next_iteration),
-                worker_address=rng.choice(["w1:1", "w2:1"]))))
+                task_id=next_task, iteration_id=rng.randrange(1, next_iteration), worker_address=worker)))
+            tasks_on[worker].append(next_task)
             next_task += 1
         elif choice < 0.55:
             updates.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
@@ -100,9 +102,23 @@ def random_updates(rng: random.Random, length: int):
                 iteration_client_id=client)))
         elif choice < 0.75:
             begin = rng.randrange(0, 100)
+            handed = dict(iteration_id=rng.randrange(1, next_iteration), split_group=rng.randrange(2),
+                          repetition=rng.randrange(3), task_id=rng.randrange(0, next_task), index=rng.randrange(4))
             updates.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
+                begin=begin, end=begin + rng.randrange(1, 50), **handed)))
+            if rng.random() < 0.5:
+                updates.append(U(start_splits=journal_pb2.StartSplitsUpdate(**handed)))
+        elif choice < 0.77:
+            updates.append(U(return_splits=journal_pb2.ReturnSplitsUpdate(
                 iteration_id=rng.randrange(1, next_iteration), split_group=rng.randrange(2),
-                repetition=rng.randrange(3), begin=begin, end=begin + rng.randrange(1, 50))))
+                repetition=rng.randrange(3), begin=rng.randrange(100), end=100 + rng.randrange(100))))
+        elif choice < 0.79:
+            worker = rng.choice(["w1:1", "w2:1"])
+            lost = [t for t in tasks_on[worker][-20:] if rng.random() < 0.5]
+            updates.append(U(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=worker, lost_tasks=lost)))
+            if rng.random() < 0.5:
+                updates.append(U(register_worker=journal_pb2.RegisterWorkerUpdate(
+                    worker_address=worker, transfer_address=worker)))
         elif choice < 0.8:
             updates.append(U(finish_iteration=journal_pb2.FinishIterationUpdate(
                 iteration_id=rng.randrange(1, next_iteration))))

@@ -57,6 +57,8 @@ class IterationReader:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._iteration_finished = False
+        # Tasks the dispatcher reports finished: their data ran out, or their worker was lost.
+        self._finished_tasks: set = set()
         self._error: Optional[BaseException] = None
         job_response = self._call(self._stub.GetOrCreateJob, dispatcher_pb2.GetOrCreateJobRequest(
             dataset_id=job.dataset_id,
@@ -132,7 +134,9 @@ class IterationReader:
             iteration_client_id=self.client_id), "client heartbeat")
         with self._lock:
             for task in response.tasks:
-                if task.task_id not in self._streams and not task.finished and not self._stop.is_set():
+                if task.finished:
+                    self._finished_tasks.add(task.task_id)
+                elif task.task_id not in self._streams and not self._stop.is_set():
                     self._streams[task.task_id] = _TaskStream(self, task)
             self._iteration_finished = response.iteration_finished
             no_tasks = not response.tasks
@@ -155,6 +159,10 @@ class IterationReader:
 
     def stream_done(self) -> None:
         self._wake.set()
+
+    def task_finished(self, task_id: int) -> bool:
+        with self._lock:
+            return task_id in self._finished_tasks
 
     def fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -207,6 +215,13 @@ class _TaskStream:
                     return
                 error = rpc.to_tf_error(e, f"reading task {self._task.task_id} from worker {self._task.worker_address}")
                 retry = e.code() in rpc.RETRYABLE_CODES
+            if retry and reader.task_finished(self._task.task_id):
+                # The dispatcher gave up on this worker: read on from the others.
+                log.warning("task %d: worker %s is gone; reading on from the other workers",
+                            self._task.task_id, self._task.worker_address)
+                self.done = True
+                reader.stream_done()
+                return
             if not retry or not backoff.sleep():
                 reader.fail(error)
                 return

@@ -50,6 +50,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         self._lock = threading.RLock()
         now = time.monotonic()
         self._client_seen: Dict[int, float] = {c: now for c in self._state.iteration_clients}
+        self._worker_seen: Dict[str, float] = {w: now for w in self._state.alive_workers()}
         self._idle_since: Dict[int, float] = {}
         self._worker_stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
         self._push_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="task-push")
@@ -252,7 +253,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 iteration_id = self._state.next_id("iteration")
                 self._commit(create_iteration=journal_pb2.CreateIterationUpdate(
                     iteration_id=iteration_id, job_id=job.job_id, repetition=request.repetition))
-                for worker_address in sorted(self._state.workers):
+                for worker_address in self._state.alive_workers():
                     new_tasks.append(self._create_task(self._state.iterations[iteration_id], worker_address))
             client_id = self._state.next_id("client")
             self._commit(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
@@ -336,7 +337,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     def _gc_loop(self) -> None:
         """Releases silent clients and ends named iterations nobody reads."""
-        interval_s = min(self._config.job_gc_check_interval_ms, self._config.client_timeout_ms) / 1000
+        interval_s = min(self._config.job_gc_check_interval_ms, self._config.client_timeout_ms,
+                         self._config.worker_timeout_ms) / 4000
         while not self._stopped.wait(interval_s):
             try:
                 self._collect_garbage(time.monotonic())
@@ -345,6 +347,14 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     def _collect_garbage(self, now: float) -> None:
         with self._lock:
+            for address, seen in list(self._worker_seen.items()):
+                if now - seen > self._config.worker_timeout_ms / 1000:
+                    lost = self._state.lost_tasks_of(address)
+                    log.warning("worker %s missing for %.1f s: removing it, %d tasks lost", address, now - seen,
+                                len(lost))
+                    self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address,
+                                                                               lost_tasks=lost))
+                    del self._worker_seen[address]
             for client_id, seen in list(self._client_seen.items()):
                 if now - seen > self._config.client_timeout_ms / 1000 and client_id in self._state.iteration_clients:
                     log.info("releasing iteration client %d: no heartbeat for %.1f s", client_id, now - seen)
@@ -378,7 +388,9 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 f"worker {address} is not in the dispatcher's worker_addresses {list(allowed)}: start it with "
                 "one of those addresses (--worker_address) or restart the dispatcher with a list naming it")
         with self._lock:
-            if address not in self._state.workers:
+            self._worker_seen[address] = time.monotonic()
+            known = self._state.workers.get(address)
+            if known is None or not known.alive:
                 self._commit(register_worker=journal_pb2.RegisterWorkerUpdate(
                     worker_address=address, transfer_address=request.transfer_address or address))
                 log.info("worker %s registered", address)
@@ -427,21 +439,39 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 raise rpc.invalid_argument(
                     f"split group {request.split_group} out of range: the pipeline has "
                     f"{len(job.split_group_sizes)}")
-            end = dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-            if iteration.finished:
-                return end
-            repetition, begin = self._state.split_position(iteration, request.split_group)
-            if request.repetition < repetition:
-                return end
-            if request.repetition > repetition:
-                repetition, begin = request.repetition, 0
-            remaining = job.split_group_sizes[request.split_group] - begin
+            task = self._state.tasks.get(request.task_id)
+            if task is None or task.iteration_id != iteration.iteration_id:
+                raise rpc.invalid_argument(f"task {request.task_id} is not a task of iteration {iteration.iteration_id}")
+            group, repetition, index = request.split_group, request.repetition, request.index
+            key = (task.task_id, group, repetition, index)
+            if index > 0 and (task.task_id, group, repetition, index - 1) in iteration.outstanding_splits:
+                self._commit(start_splits=journal_pb2.StartSplitsUpdate(
+                    iteration_id=iteration.iteration_id, task_id=task.task_id, split_group=group,
+                    repetition=repetition, index=index - 1))
+            if key in iteration.outstanding_splits:  # a retry: the same answer again
+                begin, end = iteration.outstanding_splits[key]
+                return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
+            if iteration.finished or task.finished:
+                return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
+            pool = iteration.returned_splits.get((group, repetition))
+            if pool:
+                begin, end = pool[0]
+                self._commit(produce_splits=journal_pb2.ProduceSplitsUpdate(
+                    iteration_id=iteration.iteration_id, split_group=group, repetition=repetition, begin=begin,
+                    end=end, task_id=task.task_id, index=index, from_pool=True))
+                return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
+            current, begin = self._state.split_position(iteration, group)
+            if repetition < current:
+                return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
+            if repetition > current:
+                begin = 0
+            remaining = job.split_group_sizes[group] - begin
             if remaining <= 0:
-                return end
+                return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
             # Ranges shrink as the epoch ends, so that the last splits spread over the workers.
             fair = max(1, remaining // (2 * max(1, self._state.unfinished_task_count(iteration))))
             count = min(request.max_splits or DEFAULT_MAX_SPLITS, fair)
             self._commit(produce_splits=journal_pb2.ProduceSplitsUpdate(
-                iteration_id=iteration.iteration_id, split_group=request.split_group, repetition=repetition,
-                begin=begin, end=begin + count, task_id=request.task_id))
+                iteration_id=iteration.iteration_id, split_group=group, repetition=repetition,
+                begin=begin, end=begin + count, task_id=task.task_id, index=index))
         return dispatcher_pb2.GetSplitsResponse(begin=begin, end=begin + count)

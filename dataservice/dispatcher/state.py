@@ -26,6 +26,8 @@ class Dataset:
 class Worker:
     address: str
     transfer_address: str
+    # False once the dispatcher gave up on it (no heartbeat for worker_timeout_ms).
+    alive: bool = True
 
 
 @dataclasses.dataclass
@@ -53,6 +55,10 @@ class Iteration:
     finished: bool = False
     # distributed_epoch: split group -> (repetition, next split index to hand out).
     split_positions: Dict[int, Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # Ranges handed to a task but not started: (task, group, repetition, index) -> (begin, end).
+    outstanding_splits: Dict[Tuple[int, int, int, int], Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # Ranges of lost workers, to hand out again: (group, repetition) -> [(begin, end)].
+    returned_splits: Dict[Tuple[int, int], List[Tuple[int, int]]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -61,6 +67,8 @@ class Task:
     iteration_id: int
     worker_address: str
     finished: bool = False
+    # Finished because its worker was lost, not because its data ran out.
+    lost: bool = False
 
 
 class DispatcherState:
@@ -144,7 +152,38 @@ class DispatcherState:
         self.iterations[u.iteration_id].finished = True
 
     def _apply_produce_splits(self, u: journal_pb2.ProduceSplitsUpdate) -> None:
-        self.iterations[u.iteration_id].split_positions[u.split_group] = (u.repetition, u.end)
+        iteration = self.iterations[u.iteration_id]
+        if u.from_pool:
+            pool = iteration.returned_splits[(u.split_group, u.repetition)]
+            pool.remove((u.begin, u.end))
+            if not pool:
+                del iteration.returned_splits[(u.split_group, u.repetition)]
+        else:
+            iteration.split_positions[u.split_group] = (u.repetition, u.end)
+        if u.task_id:
+            key = (u.task_id, u.split_group, u.repetition, u.index)
+            iteration.outstanding_splits[key] = (u.begin, u.end)
+
+    def _apply_start_splits(self, u: journal_pb2.StartSplitsUpdate) -> None:
+        key = (u.task_id, u.split_group, u.repetition, u.index)
+        self.iterations[u.iteration_id].outstanding_splits.pop(key, None)
+
+    def _apply_return_splits(self, u: journal_pb2.ReturnSplitsUpdate) -> None:
+        pool = self.iterations[u.iteration_id].returned_splits.setdefault((u.split_group, u.repetition), [])
+        pool.append((u.begin, u.end))
+
+    def _apply_remove_worker(self, u: journal_pb2.RemoveWorkerUpdate) -> None:
+        self.workers[u.worker_address].alive = False
+        for task_id in u.lost_tasks:
+            task = self.tasks[task_id]
+            task.finished = task.lost = True
+            iteration = self.iterations[task.iteration_id]
+            for key in sorted(k for k in iteration.outstanding_splits if k[0] == task_id):
+                _, group, repetition, _ = key
+                iteration.returned_splits.setdefault((group, repetition), []).append(
+                    iteration.outstanding_splits.pop(key))
+            if all(self.tasks[t].finished for t in iteration.task_ids):
+                iteration.finished = True
 
     def _apply_reserve_ids(self, u: journal_pb2.ReserveIdsUpdate) -> None:
         for kind in self._next_ids:
@@ -177,14 +216,35 @@ class DispatcherState:
                 iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition)))
             for group, (repetition, end) in sorted(it.split_positions.items()):
                 out.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
-                    iteration_id=it.iteration_id, split_group=group, repetition=repetition, end=end)))
+                    iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=end, end=end)))
         tasks = sorted(self.tasks.values(), key=lambda t: t.task_id)
         for t in tasks:
             out.append(U(create_task=journal_pb2.CreateTaskUpdate(
                 task_id=t.task_id, iteration_id=t.iteration_id, worker_address=t.worker_address)))
+        for it in iterations:
+            # Outstanding ranges pass through the pool (return, then hand out from it);
+            # the pool's own ranges follow, in order.
+            for (task_id, group, repetition, index), (begin, end) in it.outstanding_splits.items():
+                out.append(U(return_splits=journal_pb2.ReturnSplitsUpdate(
+                    iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=begin, end=end)))
+                out.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
+                    iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=begin, end=end,
+                    task_id=task_id, index=index, from_pool=True)))
+            for (group, repetition), pool in it.returned_splits.items():
+                for begin, end in pool:
+                    out.append(U(return_splits=journal_pb2.ReturnSplitsUpdate(
+                        iteration_id=it.iteration_id, split_group=group, repetition=repetition,
+                        begin=begin, end=end)))
         for t in tasks:
-            if t.finished:
+            if t.finished and not t.lost:
                 out.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=t.task_id)))
+        for w in self.workers.values():
+            lost = [t.task_id for t in tasks if t.lost and t.worker_address == w.address]
+            if lost or not w.alive:
+                out.append(U(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=w.address, lost_tasks=lost)))
+                if w.alive:  # it came back after it was lost
+                    out.append(U(register_worker=journal_pb2.RegisterWorkerUpdate(
+                        worker_address=w.address, transfer_address=w.transfer_address)))
         for client_id, iteration_id in sorted(self.iteration_clients.items()):
             out.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
                 iteration_client_id=client_id, iteration_id=iteration_id)))
@@ -215,7 +275,16 @@ class DispatcherState:
         return (it for it in self.iterations.values() if not it.finished)
 
     def iteration_has_task_on(self, iteration: Iteration, worker_address: str) -> bool:
-        return any(self.tasks[t].worker_address == worker_address for t in iteration.task_ids)
+        """Whether the worker has a task of the iteration that was not lost with an earlier run of it."""
+        return any(self.tasks[t].worker_address == worker_address and not self.tasks[t].lost
+                   for t in iteration.task_ids)
+
+    def lost_tasks_of(self, worker_address: str) -> List[int]:
+        """The worker's tasks that a RemoveWorker would lose now."""
+        return [t for t in self.tasks_by_worker.get(worker_address, []) if not self.tasks[t].finished]
+
+    def alive_workers(self) -> List[str]:
+        return sorted(a for a, w in self.workers.items() if w.alive)
 
     def active_tasks_of_worker(self, worker_address: str) -> List[Task]:
         """Tasks the worker should be running: not finished, in an unfinished iteration."""

@@ -170,18 +170,20 @@ class GetDatasetDefResponse(_message.Message):
     def __init__(self, graph_def: _Optional[bytes] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ...) -> None: ...
 
 class GetSplitsRequest(_message.Message):
-    __slots__ = ("iteration_id", "task_id", "split_group", "repetition", "max_splits")
+    __slots__ = ("iteration_id", "task_id", "split_group", "repetition", "max_splits", "index")
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
     MAX_SPLITS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     iteration_id: int
     task_id: int
     split_group: int
     repetition: int
     max_splits: int
-    def __init__(self, iteration_id: _Optional[int] = ..., task_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., max_splits: _Optional[int] = ...) -> None: ...
+    index: int
+    def __init__(self, iteration_id: _Optional[int] = ..., task_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., max_splits: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class GetSplitsResponse(_message.Message):
     __slots__ = ("begin", "end", "end_of_splits")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Update(_message.Message):
-    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids")
+    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids", "start_splits", "return_splits", "remove_worker")
     REGISTER_DATASET_FIELD_NUMBER: _ClassVar[int]
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     CREATE_JOB_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,9 @@ class Update(_message.Message):
     FINISH_ITERATION_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_SPLITS_FIELD_NUMBER: _ClassVar[int]
     RESERVE_IDS_FIELD_NUMBER: _ClassVar[int]
+    START_SPLITS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_SPLITS_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_WORKER_FIELD_NUMBER: _ClassVar[int]
     register_dataset: RegisterDatasetUpdate
     register_worker: RegisterWorkerUpdate
     create_job: CreateJobUpdate
@@ -31,7 +34,10 @@ class Update(_message.Message):
     finish_iteration: FinishIterationUpdate
     produce_splits: ProduceSplitsUpdate
     reserve_ids: ReserveIdsUpdate
-    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ...) -> None: ...
+    start_splits: StartSplitsUpdate
+    return_splits: ReturnSplitsUpdate
+    remove_worker: RemoveWorkerUpdate
+    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ..., start_splits: _Optional[_Union[StartSplitsUpdate, _Mapping]] = ..., return_splits: _Optional[_Union[ReturnSplitsUpdate, _Mapping]] = ..., remove_worker: _Optional[_Union[RemoveWorkerUpdate, _Mapping]] = ...) -> None: ...
 
 class RegisterDatasetUpdate(_message.Message):
     __slots__ = ("dataset_id", "fingerprint", "metadata")
@@ -116,20 +122,60 @@ class FinishIterationUpdate(_message.Message):
     def __init__(self, iteration_id: _Optional[int] = ...) -> None: ...
 
 class ProduceSplitsUpdate(_message.Message):
-    __slots__ = ("iteration_id", "split_group", "repetition", "begin", "end", "task_id")
+    __slots__ = ("iteration_id", "split_group", "repetition", "begin", "end", "task_id", "index", "from_pool")
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    FROM_POOL_FIELD_NUMBER: _ClassVar[int]
     iteration_id: int
     split_group: int
     repetition: int
     begin: int
     end: int
     task_id: int
-    def __init__(self, iteration_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ..., task_id: _Optional[int] = ...) -> None: ...
+    index: int
+    from_pool: bool
+    def __init__(self, iteration_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ..., task_id: _Optional[int] = ..., index: _Optional[int] = ..., from_pool: _Optional[bool] = ...) -> None: ...
+
+class StartSplitsUpdate(_message.Message):
+    __slots__ = ("iteration_id", "task_id", "split_group", "repetition", "index")
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    iteration_id: int
+    task_id: int
+    split_group: int
+    repetition: int
+    index: int
+    def __init__(self, iteration_id: _Optional[int] = ..., task_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class ReturnSplitsUpdate(_message.Message):
+    __slots__ = ("iteration_id", "split_group", "repetition", "begin", "end")
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    iteration_id: int
+    split_group: int
+    repetition: int
+    begin: int
+    end: int
+    def __init__(self, iteration_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class RemoveWorkerUpdate(_message.Message):
+    __slots__ = ("worker_address", "lost_tasks")
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOST_TASKS_FIELD_NUMBER: _ClassVar[int]
+    worker_address: str
+    lost_tasks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_address: _Optional[str] = ..., lost_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReserveIdsUpdate(_message.Message):
     __slots__ = ("next_dataset_id", "next_job_id", "next_iteration_id", "next_task_id", "next_client_id")

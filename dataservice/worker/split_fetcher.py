@@ -61,7 +61,8 @@ class SplitFetcher:
                 yield np.int64(split_range[0]), np.int64(split_range[1])
                 index += 1
 
-        return tf.data.Dataset.from_generator(generate, output_signature=_RANGE_SIGNATURE).prefetch(1)
+        # No prefetch: the generator must run when the pipeline starts a range (see _range).
+        return tf.data.Dataset.from_generator(generate, output_signature=_RANGE_SIGNATURE)
 
     def _forget_passed(self, group: int) -> None:
         """Drops the ranges of repetitions that every source of the group has moved past."""
@@ -70,16 +71,23 @@ class SplitFetcher:
             del self._logs[key]
 
     def _range(self, group: int, repetition: int, index: int) -> Optional[Tuple[int, int]]:
+        """Range `index` of the group's repetition, once the dispatcher knows the task starts it.
+
+        Asking the dispatcher for range index + 1 is what tells it that range
+        `index` is starting; so a range is yielded only after that answer, and a
+        range the dispatcher still counts as unstarted never produced an element.
+        """
         with self._cond:
             log = self._logs.setdefault((group, repetition), _GroupLog())
-            while index >= len(log.ranges) and not log.ended:
+            while not (log.ended or index + 1 < len(log.ranges)):
                 if log.fetching:
                     self._cond.wait()
                     continue
                 log.fetching = True
+                wanted = len(log.ranges)
                 self._cond.release()
                 try:
-                    response = self._fetch(group, repetition)
+                    response = self._fetch(group, repetition, wanted)
                 finally:
                     self._cond.acquire()
                     log.fetching = False
@@ -90,11 +98,11 @@ class SplitFetcher:
                     log.ranges.append((response.begin, response.end))
             return log.ranges[index] if index < len(log.ranges) else None
 
-    def _fetch(self, group: int, repetition: int) -> dispatcher_pb2.GetSplitsResponse:
+    def _fetch(self, group: int, repetition: int, index: int) -> dispatcher_pb2.GetSplitsResponse:
         return rpc.call(
             self._dispatcher.GetSplits,
             dispatcher_pb2.GetSplitsRequest(iteration_id=self._iteration_id, task_id=self._task_id,
-                                            split_group=group, repetition=repetition),
+                                            split_group=group, repetition=repetition, index=index),
             server=f"dispatcher at {self._address}", what=f"fetching splits for task {self._task_id}",
             timeout_s=self._timeout_s,
         )
