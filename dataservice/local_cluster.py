@@ -94,10 +94,10 @@ class LocalCluster:
                  extra_dispatcher_args: tuple = (), extra_worker_args: tuple = ()):
         self._tmp = None if work_dir else tempfile.TemporaryDirectory(prefix="dataservice-")
         self.work_dir = work_dir or self._tmp.name
-        args = ["--role=dispatcher", "--port=0", f"--work_dir={self.work_dir}", *extra_dispatcher_args]
+        self._dispatcher_args = [f"--work_dir={self.work_dir}", *extra_dispatcher_args]
         if fault_tolerant_mode:
-            args.append("--fault_tolerant_mode")
-        self.dispatcher = ServerProcess(*args)
+            self._dispatcher_args.append("--fault_tolerant_mode")
+        self.dispatcher = ServerProcess("--role=dispatcher", "--port=0", *self._dispatcher_args)
         self._worker_args = extra_worker_args
         self.workers: List[ServerProcess] = []
         try:
@@ -120,6 +120,12 @@ class LocalCluster:
                                *self._worker_args)
         self.workers.append(worker)
         return worker
+
+    def restart_dispatcher(self) -> None:
+        """SIGKILL the dispatcher, as a machine failure would, and start it again on the same port."""
+        port = self.dispatcher.port
+        self.dispatcher.kill()
+        self.dispatcher = ServerProcess("--role=dispatcher", f"--port={port}", *self._dispatcher_args)
 
     def stop(self) -> None:
         """SIGTERM to every server, workers first; kills whatever does not exit."""

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SNAPSHOT_EVERY = 10_000
 # Most splits one GetSplits answer hands out.
 DEFAULT_MAX_SPLITS = 1024
+# A range is at most 1/(this x unfinished tasks) of the splits left.
+RANGE_SHARE_DIVISOR = 8
 _POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 _TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
 
@@ -468,8 +470,9 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             remaining = job.split_group_sizes[group] - begin
             if remaining <= 0:
                 return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-            # Ranges shrink as the epoch ends, so that the last splits spread over the workers.
-            fair = max(1, remaining // (2 * max(1, self._state.unfinished_task_count(iteration))))
+            # Ranges are a small share of what is left: the last splits spread over the workers,
+            # and a lost worker takes at most the one range it had started with it.
+            fair = max(1, remaining // (RANGE_SHARE_DIVISOR * max(1, self._state.unfinished_task_count(iteration))))
             count = min(request.max_splits or DEFAULT_MAX_SPLITS, fair)
             self._commit(produce_splits=journal_pb2.ProduceSplitsUpdate(
                 iteration_id=iteration.iteration_id, split_group=group, repetition=repetition,

@@ -135,9 +135,7 @@ class DispatcherState:
     def _apply_finish_task(self, u: journal_pb2.FinishTaskUpdate) -> None:
         task = self.tasks[u.task_id]
         task.finished = True
-        iteration = self.iterations[task.iteration_id]
-        if all(self.tasks[t].finished for t in iteration.task_ids):
-            iteration.finished = True
+        self._finish_if_done(self.iterations[task.iteration_id])
 
     def _apply_acquire_iteration_client(self, u: journal_pb2.AcquireIterationClientUpdate) -> None:
         self.iteration_clients[u.iteration_client_id] = u.iteration_id
@@ -182,8 +180,14 @@ class DispatcherState:
                 _, group, repetition, _ = key
                 iteration.returned_splits.setdefault((group, repetition), []).append(
                     iteration.outstanding_splits.pop(key))
-            if all(self.tasks[t].finished for t in iteration.task_ids):
-                iteration.finished = True
+            self._finish_if_done(iteration)
+
+    def _finish_if_done(self, iteration: Iteration) -> None:
+        """An iteration is done when every task finished and one of them ran out of data: if all
+        were lost, the iteration waits for workers to (re)register and take it up."""
+        tasks = [self.tasks[t] for t in iteration.task_ids]
+        if all(t.finished for t in tasks) and any(not t.lost for t in tasks):
+            iteration.finished = True
 
     def _apply_reserve_ids(self, u: journal_pb2.ReserveIdsUpdate) -> None:
         for kind in self._next_ids:
