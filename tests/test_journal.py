@@ -5,6 +5,7 @@ import time
 
 import pytest
 import tensorflow as tf
+from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
 from dataservice.dispatcher import journal
@@ -137,3 +138,23 @@ def test_without_fault_tolerance_a_restart_forgets(tmp_path):
             service.from_dataset_id("parallel_epochs", restarted.target, dataset_id)
     finally:
         restarted.stop()
+
+
+def test_restart_without_fault_tolerance_fails_reads_clearly(tmp_path):
+    dispatcher = service.DispatchServer()
+    port = dispatcher.port
+    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=f"localhost:{port}",
+                                                       heartbeat_interval_ms=200))
+    restarted = None
+    try:
+        source = tf.data.Dataset.range(100).apply(testing.sleep(20_000))
+        iterator = iter(source.apply(service.distribute("parallel_epochs", dispatcher.target)))
+        next(iterator)
+        dispatcher.stop()
+        restarted = service.DispatchServer(service.DispatcherConfig(port=port))
+        with pytest.raises(tf.errors.OpError, match="restarted without fault_tolerant_mode"):
+            for _ in iterator:
+                pass
+    finally:
+        worker.stop()
+        (restarted or dispatcher).stop()

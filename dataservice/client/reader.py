@@ -50,7 +50,8 @@ class IterationReader:
         self._address = dispatcher_address
         self.codec = codec
         self.timeout_s = timeout_s
-        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(dispatcher_address))
+        self._channel = rpc.make_channel(dispatcher_address)
+        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(self._channel)
         self._queue: "queue.Queue[tuple]" = queue.Queue(maxsize=max(1, buffer_chunks))
         self._streams: Dict[int, _TaskStream] = {}
         self._lock = threading.Lock()
@@ -114,6 +115,7 @@ class IterationReader:
         for stream in streams:
             stream.join(timeout=2)
         self._heartbeat_thread.join(timeout=2)
+        self._channel.close()
 
     # ---- dispatcher side -------------------------------------------------
 

@@ -65,9 +65,11 @@ class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           f"worker {worker.address} has no task {request.task_id} (yet)")
         max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
+        linger_s = 0.0  # the first message goes out at once: time to first element matters
         while context.is_active():
             try:
-                elements, done = runner.take(max_elements, MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, LINGER_S)
+                elements, done = runner.take(max_elements, MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, linger_s)
+                linger_s = LINGER_S
             except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
                 message = getattr(e, "message", str(e))
                 context.abort(_grpc_code(e), f"the pipeline of task {request.task_id} failed on worker "
@@ -80,7 +82,9 @@ class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             if elements:
                 yield worker_pb2.StreamElementsResponse(chunks=runner.codec.encode_chunks(elements))
             elif runner.stopped:
-                context.abort(grpc.StatusCode.CANCELLED, f"task {request.task_id} was stopped by the dispatcher")
+                context.abort(grpc.StatusCode.CANCELLED, (
+                    f"task {request.task_id} was stopped by the dispatcher: its iteration ended, or the dispatcher "
+                    "restarted without fault_tolerant_mode and no longer knows it"))
 
 
 class WorkerServer:
