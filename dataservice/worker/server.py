@@ -27,7 +27,10 @@ from dataservice.worker.task_runner import TaskRunner
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ELEMENTS_PER_MESSAGE = 1024
-MAX_BYTES_PER_MESSAGE = 16 * 1024 * 1024
+# Measured on loopback with 1 MiB elements (time to the last element): 512 KiB messages
+# (one big element each, no stacking copy) moved 292 MB/s, 2 MiB 232 MB/s, 16 MiB 213 MB/s.
+# Small elements still pack up to DEFAULT_MAX_ELEMENTS_PER_MESSAGE a message.
+MAX_BYTES_PER_MESSAGE = 512 * 1024
 # How long a stream for a task the worker has not heard of yet waits for it.
 UNKNOWN_TASK_WAIT_S = 5.0
 _TAKE_POLL_S = 0.5
