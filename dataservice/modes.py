@@ -28,9 +28,6 @@ class ShardingPolicy(enum.IntEnum):
     FILE_OR_DATA = 4
     HINT = 5
 
-    def to_proto(self) -> common_pb2.ProcessingModeDef:
-        return common_pb2.ProcessingModeDef(sharding_policy=int(self))
-
 
 _MODE_NAMES = {"parallel_epochs": ShardingPolicy.OFF, "distributed_epoch": ShardingPolicy.DYNAMIC}
 

@@ -105,10 +105,6 @@ def failed_precondition(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, message)
 
 
-def unavailable(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.UNAVAILABLE, message)
-
-
 def handler(method: Callable) -> Callable:
     """Wraps a unary servicer method: ServiceError becomes its status, any other
     exception INTERNAL, so that nothing a client sends can kill the server."""
