@@ -52,6 +52,30 @@ def _dataset_id_str(dataset_id: DatasetId) -> str:
     return dataset_id
 
 
+def _register(address: str, dataset: tf.data.Dataset, compression: Optional[str], requested: str,
+              timeout_s: float, splittable: bool = False) -> str:
+    """Checks the pipeline (splittable: also for distributed_epoch), serializing it once, and registers it."""
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
+    metadata = common_pb2.DatasetMetadata(
+        element_spec=graph_lib.encode_element_spec(dataset.element_spec),
+        compression=modes.parse_compression(compression),
+        cardinality=int(dataset.cardinality()),
+    )
+    graph_lib.check_element_spec(dataset.element_spec)
+    graph_bytes = graph_lib.serialize_dataset(dataset)
+    graph = graph_lib.parse_graph(graph_bytes)
+    if splittable:
+        # Refuse an unsplittable pipeline here, not at the first element.
+        splits.find_sources(graph)
+    response = rpc.call(
+        _dispatcher(address).RegisterDataset,
+        dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=metadata, requested_dataset_id=requested),
+        server=f"dispatcher at {address}", what="registering a dataset", timeout_s=timeout_s,
+    )
+    return response.dataset_id
+
+
 def register_dataset(service: Service, dataset: tf.data.Dataset, compression: Optional[str] = "AUTO",
                      dataset_id: Optional[DatasetId] = None, *,
                      dispatcher_timeout_ms: Optional[int] = None) -> tf.Tensor:
@@ -61,23 +85,8 @@ def register_dataset(service: Service, dataset: tf.data.Dataset, compression: Op
     `dataset_id` is used as given.
     """
     address = rpc.parse_service(service)
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
     requested = "" if dataset_id is None else _dataset_id_str(dataset_id)
-    metadata = common_pb2.DatasetMetadata(
-        element_spec=graph_lib.encode_element_spec(dataset.element_spec),
-        compression=modes.parse_compression(compression),
-        cardinality=int(dataset.cardinality()),
-    )
-    graph_lib.check_element_spec(dataset.element_spec)
-    graph_bytes = graph_lib.serialize_dataset(dataset)
-    graph_lib.parse_graph(graph_bytes)
-    response = rpc.call(
-        _dispatcher(address).RegisterDataset,
-        dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=metadata, requested_dataset_id=requested),
-        server=f"dispatcher at {address}", what="registering a dataset", timeout_s=_timeout_s(dispatcher_timeout_ms),
-    )
-    return tf.constant(response.dataset_id)
+    return tf.constant(_register(address, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms)))
 
 
 class _ReadOptions:
@@ -186,12 +195,8 @@ def distribute(processing_mode: Union[str, modes.ShardingPolicy], service: Servi
                            data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
-        if options.sharding_policy == modes.ShardingPolicy.DYNAMIC:
-            # Refuse an unsplittable pipeline here, not at the first element.
-            splits.find_sources(graph_lib.parse_graph(graph_lib.serialize_dataset(dataset)))
-        dataset_id = register_dataset(address, dataset, compression=compression,
-                                      dispatcher_timeout_ms=dispatcher_timeout_ms)
-        return _service_dataset(address, _dataset_id_str(dataset_id), dataset.element_spec,
-                                int(dataset.cardinality()), options)
+        dataset_id = _register(address, dataset, compression, "", options.timeout_s,
+                               splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC)
+        return _service_dataset(address, dataset_id, dataset.element_spec, int(dataset.cardinality()), options)
 
     return apply
