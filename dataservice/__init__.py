@@ -7,15 +7,21 @@ from dataservice.client.api import distribute, from_dataset_id, register_dataset
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher.server import DispatchServer
 from dataservice.modes import ShardingPolicy
+from dataservice.training import InputImpact, dtensor_batches, estimate_input_impact, input_context_options, pack_batch
 from dataservice.worker.server import WorkerServer
 
 __all__ = [
     "DispatchServer",
+    "InputImpact",
     "DispatcherConfig",
     "ShardingPolicy",
     "WorkerConfig",
     "WorkerServer",
     "distribute",
+    "dtensor_batches",
+    "estimate_input_impact",
     "from_dataset_id",
+    "input_context_options",
+    "pack_batch",
     "register_dataset",
 ]

@@ -15,6 +15,7 @@ from typing import Any, List, Sequence
 import numpy as np
 import tensorflow as tf
 
+from dataservice import compression
 from dataservice.v1 import common_pb2
 
 Components = List[np.ndarray]
@@ -54,27 +55,35 @@ class ElementCodec:
                 total += array.nbytes
         return total
 
-    def encode_chunks(self, elements: Sequence[Components]) -> List[common_pb2.ElementChunk]:
-        """Elements as chunks: one stacked chunk when stackable, else one chunk per element."""
+    def encode_chunks(self, elements: Sequence[Components], compress: bool = False) -> List[common_pb2.ElementChunk]:
+        """Elements as chunks: one stacked chunk when stackable, else one chunk per element.
+        `compress`: each tensor buffer is compressed where that pays off."""
         if not elements:
             return []
         if self.stackable and len(elements) > 1:
             stacked = [np.stack([e[i] for e in elements]) for i in range(len(self.component_specs))]
-            return [self._chunk(len(elements), stacked)]
+            return [self._chunk(len(elements), stacked, compress)]
         if self.stackable:
-            return [self._chunk(1, [a[np.newaxis] for a in elements[0]])]
-        return [self._chunk(1, e) for e in elements]
+            return [self._chunk(1, [a[np.newaxis] for a in elements[0]], compress)]
+        return [self._chunk(1, e, compress) for e in elements]
 
-    def _chunk(self, num_elements: int, components: Components) -> common_pb2.ElementChunk:
+    def _chunk(self, num_elements: int, components: Components, compress: bool) -> common_pb2.ElementChunk:
         chunk = common_pb2.ElementChunk(num_elements=num_elements)
         for array, dtype_enum, is_string in zip(components, self.dtype_enums, self.is_string):
             tensor = chunk.components.add(dtype=dtype_enum, shape=array.shape)
             if is_string:
                 flat = array.reshape(-1)
-                tensor.data = b"".join(flat)
+                data = b"".join(flat)
                 tensor.string_lengths.extend(len(x) for x in flat)
             else:
-                tensor.data = np.ascontiguousarray(array).tobytes()
+                data = np.ascontiguousarray(array).tobytes()
+            if compress:
+                codec, payload = compression.compress(data)
+                if codec != common_pb2.COMPRESSION_NONE:
+                    tensor.compression = codec
+                    tensor.uncompressed_size = len(data)
+                    data = payload
+            tensor.data = data
         return chunk
 
     def decode_chunk(self, chunk: common_pb2.ElementChunk) -> tuple:
@@ -82,8 +91,8 @@ class ElementCodec:
         out = []
         for tensor, is_string in zip(chunk.components, self.is_string):
             shape = tuple(tensor.shape)
+            data = compression.decompress(tensor.compression, tensor.data, tensor.uncompressed_size)
             if is_string:
-                data = tensor.data
                 array = np.empty(len(tensor.string_lengths), dtype=object)
                 offset = 0
                 for i, length in enumerate(tensor.string_lengths):
@@ -91,7 +100,7 @@ class ElementCodec:
                     offset += length
                 out.append(array.reshape(shape))
             else:
-                out.append(np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.dtype)).reshape(shape))
+                out.append(np.frombuffer(data, dtype=numpy_dtype(tensor.dtype)).reshape(shape))
         if len(out) != len(self.component_specs):
             raise ValueError(
                 f"a chunk has {len(out)} components but the element spec has {len(self.component_specs)}"

@@ -12,6 +12,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+# Eight logical CPUs for the tf.distribute and DTensor tests: TensorFlow allows
+# this only before it initializes its devices, so it happens at import.
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 8)
+
 import dataservice as service  # noqa: E402
 from dataservice.local_cluster import ServerProcess  # noqa: E402
 

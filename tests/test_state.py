@@ -78,6 +78,7 @@ def random_updates(rng: random.Random, length: int):
     next_task, next_iteration, next_client = 3, 2, 3
     clients = {1, 2}
     tasks_on = {"w1:1": [1], "w2:1": [2]}
+    lost_tasks = set()
     for _ in range(length):
         choice = rng.random()
         if choice < 0.2:
@@ -87,7 +88,8 @@ def random_updates(rng: random.Random, length: int):
         elif choice < 0.4:
             worker = rng.choice(["w1:1", "w2:1"])
             updates.append(U(create_task=journal_pb2.CreateTaskUpdate(
-                task_id=next_task, iteration_id=rng.randrange(1, next_iteration), worker_address=worker)))
+                task_id=next_task, iteration_id=rng.randrange(1, next_iteration), worker_address=worker,
+                starting_round=rng.choice([0, rng.randrange(100)]))))
             tasks_on[worker].append(next_task)
             next_task += 1
         elif choice < 0.55:
@@ -102,8 +104,10 @@ def random_updates(rng: random.Random, length: int):
                 iteration_client_id=client)))
         elif choice < 0.75:
             begin = rng.randrange(0, 100)
+            # The dispatcher hands no splits to a task of a lost worker.
+            task = rng.choice([t for t in range(next_task) if t not in lost_tasks])
             handed = dict(iteration_id=rng.randrange(1, next_iteration), split_group=rng.randrange(2),
-                          repetition=rng.randrange(3), task_id=rng.randrange(0, next_task), index=rng.randrange(4))
+                          repetition=rng.randrange(3), task_id=task, index=rng.randrange(4))
             updates.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
                 begin=begin, end=begin + rng.randrange(1, 50), **handed)))
             if rng.random() < 0.5:
@@ -115,10 +119,14 @@ def random_updates(rng: random.Random, length: int):
         elif choice < 0.79:
             worker = rng.choice(["w1:1", "w2:1"])
             lost = [t for t in tasks_on[worker][-20:] if rng.random() < 0.5]
+            lost_tasks.update(lost)
             updates.append(U(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=worker, lost_tasks=lost)))
             if rng.random() < 0.5:
                 updates.append(U(register_worker=journal_pb2.RegisterWorkerUpdate(
                     worker_address=worker, transfer_address=worker)))
+        elif choice < 0.795:
+            updates.append(U(extend_rounds=journal_pb2.ExtendRoundsUpdate(
+                iteration_id=rng.randrange(1, next_iteration), round_limit=rng.randrange(1, 500))))
         elif choice < 0.8:
             updates.append(U(finish_iteration=journal_pb2.FinishIterationUpdate(
                 iteration_id=rng.randrange(1, next_iteration))))
@@ -147,3 +155,14 @@ def test_snapshot_then_replay_equals_full_replay():
         cut = rng.randint(0, len(updates))
         snapshot = _apply_all(updates[:cut]).to_updates()
         assert comparable(_apply_all(snapshot + updates[cut:])) == comparable(_apply_all(updates))
+
+
+def test_round_limits_only_grow():
+    state = _apply_all(_script() + [
+        U(extend_rounds=journal_pb2.ExtendRoundsUpdate(iteration_id=1, round_limit=40)),
+        U(extend_rounds=journal_pb2.ExtendRoundsUpdate(iteration_id=1, round_limit=16)),
+        U(create_task=journal_pb2.CreateTaskUpdate(task_id=3, iteration_id=1, worker_address="w1:1",
+                                                   starting_round=40)),
+    ])
+    assert state.iterations[1].round_limit == 40
+    assert state.task_def(state.tasks[3]).starting_round == 40

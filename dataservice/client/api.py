@@ -16,7 +16,9 @@ import tensorflow as tf
 
 from dataservice import graph as graph_lib
 from dataservice import modes, rpc, splits
-from dataservice.client.reader import IterationReader, JobSpec
+from dataservice.client.coordinated_reader import CoordinatedReader
+from dataservice.client.reader import IterationReader
+from dataservice.client.session import JobSpec
 from dataservice.config import DEFAULT_CLIENT_TIMEOUT_MS
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 from dataservice.wire import ElementCodec
@@ -24,8 +26,12 @@ from dataservice.wire import ElementCodec
 Service = Union[str, Tuple[str, str]]
 DatasetId = Union[str, bytes, int, tf.Tensor]
 
-# Chunks a client buffers when max_outstanding_requests is not given.
-DEFAULT_BUFFER_CHUNKS = 16
+# Without max_outstanding_requests, a client holds at most this many bytes of
+# fixed-size elements (and at most MAX_DEFAULT_BUDGET of them), or
+# DEFAULT_VARIABLE_BUDGET elements whose size is not known in advance.
+DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
+MAX_DEFAULT_BUDGET = 16384
+DEFAULT_VARIABLE_BUDGET = 256
 
 
 def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
@@ -106,7 +112,6 @@ class _ReadOptions:
                 raise ValueError(f"num_consumers must be a positive integer, got {num_consumers!r}")
             if not isinstance(consumer_index, int) or not 0 <= consumer_index < num_consumers:
                 raise ValueError(f"consumer_index must be in [0, {num_consumers}), got {consumer_index!r}")
-            raise NotImplementedError("coordinated reads (consumer_index, num_consumers) are not supported yet")
         if max_outstanding_requests is not None and (
                 not isinstance(max_outstanding_requests, int) or max_outstanding_requests <= 0):
             raise ValueError(f"max_outstanding_requests must be a positive integer, got {max_outstanding_requests!r}")
@@ -114,25 +119,47 @@ class _ReadOptions:
         if cross_trainer_cache is not None:
             raise NotImplementedError("cross_trainer_cache is not supported yet")
         self.target_workers = modes.parse_target_workers(target_workers)
-        if self.target_workers == common_pb2.TARGET_WORKERS_LOCAL:
-            raise NotImplementedError("target_workers='LOCAL' is not supported yet; use 'AUTO' or 'ANY'")
         self.job_name = job_name
+        self.consumer_index = consumer_index
         self.num_consumers = num_consumers
-        self.buffer_chunks = max_outstanding_requests or DEFAULT_BUFFER_CHUNKS
+        self.max_outstanding_requests = max_outstanding_requests
         self.timeout_s = _timeout_s(dispatcher_timeout_ms)
+
+    def check_cardinality(self, cardinality: int) -> None:
+        """Coordinated reads need an infinite dataset: every consumer reads every round."""
+        if self.num_consumers is not None and cardinality >= 0:
+            raise ValueError(
+                f"coordinated reads (consumer_index, num_consumers) need an infinite dataset, but this one has "
+                f"{cardinality} elements: add .repeat() to the pipeline")
+
+    def element_budget(self, codec: ElementCodec) -> int:
+        """Elements a client may hold buffered plus in flight: max_outstanding_requests, or
+        as many as fit DEFAULT_BUFFER_BYTES when element sizes are known."""
+        if self.max_outstanding_requests is not None:
+            return self.max_outstanding_requests
+        if not codec.stackable or any(codec.is_string):
+            return DEFAULT_VARIABLE_BUDGET
+        element_bytes = sum(spec.shape.num_elements() * spec.dtype.size for spec in codec.component_specs)
+        return max(2, min(MAX_DEFAULT_BUDGET, DEFAULT_BUFFER_BYTES // max(1, element_bytes)))
 
 
 def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinality: int,
-                     options: _ReadOptions) -> tf.data.Dataset:
+                     options: _ReadOptions, compression: int) -> tf.data.Dataset:
     graph_lib.check_element_spec(element_spec)
+    options.check_cardinality(cardinality)
     codec = ElementCodec(element_spec)
     job = JobSpec(dataset_id, int(options.sharding_policy), options.job_name, options.num_consumers,
                   options.target_workers)
+    budget = options.element_budget(codec)
     # Each pass over the dataset is the next repetition: a new iteration of a named job.
     repetitions = itertools.count()
 
     def generate():
-        reader = IterationReader(address, job, next(repetitions), codec, options.buffer_chunks, options.timeout_s)
+        if options.num_consumers is not None:
+            reader = CoordinatedReader(address, job, next(repetitions), codec, options.consumer_index,
+                                       options.timeout_s, compression)
+        else:
+            reader = IterationReader(address, job, next(repetitions), codec, budget, options.timeout_s, compression)
         try:
             yield from reader
         finally:
@@ -168,6 +195,7 @@ def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: 
     options = _ReadOptions(processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
                            data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
     cardinality = tf.data.UNKNOWN_CARDINALITY
+    compression = common_pb2.COMPRESSION_AUTO
     if element_spec is None:
         metadata = rpc.call(
             _dispatcher(address).GetDataServiceMetadata,
@@ -177,7 +205,8 @@ def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: 
         ).metadata
         element_spec = graph_lib.decode_element_spec(metadata.element_spec)
         cardinality = metadata.cardinality
-    return _service_dataset(address, dataset_id, element_spec, cardinality, options)
+        compression = metadata.compression
+    return _service_dataset(address, dataset_id, element_spec, cardinality, options, compression)
 
 
 def distribute(processing_mode: Union[str, modes.ShardingPolicy], service: Service, job_name: Optional[str] = None,
@@ -190,13 +219,15 @@ def distribute(processing_mode: Union[str, modes.ShardingPolicy], service: Servi
     >>> ds = tf.data.Dataset.range(10).apply(distribute("parallel_epochs", "grpc://localhost:5050"))
     """
     address = rpc.parse_service(service)
-    modes.parse_compression(compression)
+    compression_enum = modes.parse_compression(compression)
     options = _ReadOptions(processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
                            data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        options.check_cardinality(int(dataset.cardinality()))
         dataset_id = _register(address, dataset, compression, "", options.timeout_s,
                                splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC)
-        return _service_dataset(address, dataset_id, dataset.element_spec, int(dataset.cardinality()), options)
+        return _service_dataset(address, dataset_id, dataset.element_spec, int(dataset.cardinality()), options,
+                                compression_enum)
 
     return apply

@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import grpc
 import tensorflow as tf
@@ -34,6 +34,10 @@ DEFAULT_SNAPSHOT_EVERY = 10_000
 DEFAULT_MAX_SPLITS = 1024
 # A range is at most 1/(this x unfinished tasks) of the splits left.
 RANGE_SHARE_DIVISOR = 8
+# Coordinated reads: the fewest rounds granted ahead of the clients, and how many
+# seconds of reading (at the rate the clients report) a grant covers.
+MIN_ROUND_WINDOW = 16
+ROUND_WINDOW_S = 4.0
 _POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 _TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
 
@@ -54,6 +58,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         self._client_seen: Dict[int, float] = {c: now for c in self._state.iteration_clients}
         self._worker_seen: Dict[str, float] = {w: now for w in self._state.alive_workers()}
         self._idle_since: Dict[int, float] = {}
+        # Coordinated reads: iteration -> (time, round, rounds/s) of the clients' reports.
+        self._round_reports: Dict[int, Tuple[float, int, float]] = {}
         self._worker_stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
         self._push_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="task-push")
         self._stopped = threading.Event()
@@ -165,10 +171,13 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             raise rpc.invalid_argument(f"num_consumers must be >= 0, got {request.num_consumers}")
         if request.num_consumers and not request.job_name:
             raise rpc.invalid_argument("coordinated reads (num_consumers) need a job_name")
-        if request.num_consumers:
-            raise rpc.ServiceError(grpc.StatusCode.UNIMPLEMENTED, "coordinated reads are not supported yet")
         with self._lock:
             dataset = self._dataset(request.dataset_id)
+            if request.num_consumers and dataset.metadata.cardinality != tf.data.INFINITE_CARDINALITY:
+                raise rpc.failed_precondition(
+                    f"coordinated reads (num_consumers) need an infinite dataset, but dataset {request.dataset_id!r} "
+                    f"has cardinality {dataset.metadata.cardinality}: add .repeat() to the pipeline, so that no "
+                    "consumer runs out of rounds before the others")
             existing = self._named_job(request)
         if existing is not None:
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
@@ -268,8 +277,12 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     def _create_task(self, iteration: Iteration, worker_address: str) -> common_pb2.TaskDef:
         task_id = self._state.next_id("task")
+        # Coordinated reads: no client may have read this round yet, so every
+        # client adds the task to its rotation at the same round.
+        coordinated = self._state.jobs[iteration.job_id].num_consumers > 0
         self._commit(create_task=journal_pb2.CreateTaskUpdate(
-            task_id=task_id, iteration_id=iteration.iteration_id, worker_address=worker_address))
+            task_id=task_id, iteration_id=iteration.iteration_id, worker_address=worker_address,
+            starting_round=iteration.round_limit if coordinated else 0))
         return self._task_def(self._state.tasks[task_id])
 
     def _task_def(self, task) -> common_pb2.TaskDef:
@@ -311,12 +324,33 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
     def ClientHeartbeat(self, request, context):
         with self._lock:
             iteration = self._client_iteration(request.iteration_client_id)
-            self._client_seen[request.iteration_client_id] = time.monotonic()
-            response = dispatcher_pb2.ClientHeartbeatResponse(iteration_finished=iteration.finished)
+            now = time.monotonic()
+            self._client_seen[request.iteration_client_id] = now
+            if self._state.jobs[iteration.job_id].num_consumers:
+                self._extend_rounds(iteration, request.current_round, now)
+            response = dispatcher_pb2.ClientHeartbeatResponse(iteration_finished=iteration.finished,
+                                                              round_limit=iteration.round_limit)
             for task, worker in self._state.task_infos(iteration):
                 response.tasks.add(task_id=task.task_id, worker_address=worker.address,
-                                   transfer_address=worker.transfer_address, finished=task.finished)
+                                   transfer_address=worker.transfer_address, finished=task.finished,
+                                   starting_round=task.starting_round)
         return response
+
+    def _extend_rounds(self, iteration: Iteration, current_round: int, now: float) -> None:
+        """Grants the iteration's clients rounds ahead of the most advanced of them: a few
+        seconds' worth at the rate they read, journaled only when half the grant is used."""
+        if current_round < 0:
+            raise rpc.invalid_argument(f"current_round must be >= 0, got {current_round}")
+        last_time, last_round, rate = self._round_reports.get(iteration.iteration_id, (now, current_round, 0.0))
+        if now - last_time >= 0.5:
+            rate = max(0, current_round - last_round) / (now - last_time)
+            self._round_reports[iteration.iteration_id] = (now, max(current_round, last_round), rate)
+        elif iteration.iteration_id not in self._round_reports:
+            self._round_reports[iteration.iteration_id] = (now, current_round, 0.0)
+        window = max(MIN_ROUND_WINDOW, int(rate * ROUND_WINDOW_S))
+        if current_round + window // 2 >= iteration.round_limit:
+            self._commit(extend_rounds=journal_pb2.ExtendRoundsUpdate(
+                iteration_id=iteration.iteration_id, round_limit=current_round + window))
 
     @rpc.handler
     def ReleaseIterationClient(self, request, context):

@@ -59,6 +59,8 @@ class Iteration:
     outstanding_splits: Dict[Tuple[int, int, int, int], Tuple[int, int]] = dataclasses.field(default_factory=dict)
     # Ranges of lost workers, to hand out again: (group, repetition) -> [(begin, end)].
     returned_splits: Dict[Tuple[int, int], List[Tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    # Coordinated reads: clients may read the rounds below this.
+    round_limit: int = 0
 
 
 @dataclasses.dataclass
@@ -69,6 +71,8 @@ class Task:
     finished: bool = False
     # Finished because its worker was lost, not because its data ran out.
     lost: bool = False
+    # Coordinated reads: the first round it serves.
+    starting_round: int = 0
 
 
 class DispatcherState:
@@ -127,7 +131,7 @@ class DispatcherState:
         self._bump("iteration", u.iteration_id)
 
     def _apply_create_task(self, u: journal_pb2.CreateTaskUpdate) -> None:
-        self.tasks[u.task_id] = Task(u.task_id, u.iteration_id, u.worker_address)
+        self.tasks[u.task_id] = Task(u.task_id, u.iteration_id, u.worker_address, starting_round=u.starting_round)
         self.iterations[u.iteration_id].task_ids.append(u.task_id)
         self.tasks_by_worker.setdefault(u.worker_address, []).append(u.task_id)
         self._bump("task", u.task_id)
@@ -189,6 +193,10 @@ class DispatcherState:
         if all(t.finished for t in tasks) and any(not t.lost for t in tasks):
             iteration.finished = True
 
+    def _apply_extend_rounds(self, u: journal_pb2.ExtendRoundsUpdate) -> None:
+        iteration = self.iterations[u.iteration_id]
+        iteration.round_limit = max(iteration.round_limit, u.round_limit)
+
     def _apply_reserve_ids(self, u: journal_pb2.ReserveIdsUpdate) -> None:
         for kind in self._next_ids:
             self._next_ids[kind] = max(self._next_ids[kind], getattr(u, f"next_{kind}_id"))
@@ -218,13 +226,17 @@ class DispatcherState:
         for it in iterations:
             out.append(U(create_iteration=journal_pb2.CreateIterationUpdate(
                 iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition)))
+            if it.round_limit:
+                out.append(U(extend_rounds=journal_pb2.ExtendRoundsUpdate(
+                    iteration_id=it.iteration_id, round_limit=it.round_limit)))
             for group, (repetition, end) in sorted(it.split_positions.items()):
                 out.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
                     iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=end, end=end)))
         tasks = sorted(self.tasks.values(), key=lambda t: t.task_id)
         for t in tasks:
             out.append(U(create_task=journal_pb2.CreateTaskUpdate(
-                task_id=t.task_id, iteration_id=t.iteration_id, worker_address=t.worker_address)))
+                task_id=t.task_id, iteration_id=t.iteration_id, worker_address=t.worker_address,
+                starting_round=t.starting_round)))
         for it in iterations:
             # Outstanding ranges pass through the pool (return, then hand out from it);
             # the pool's own ranges follow, in order.
@@ -312,6 +324,8 @@ class DispatcherState:
             worker_address=task.worker_address,
             worker_index=worker_addresses.index(task.worker_address) if static else 0,
             num_workers=len(worker_addresses) if static else 0,
+            num_consumers=job.num_consumers,
+            starting_round=task.starting_round,
         )
 
     def split_position(self, iteration: Iteration, group: int) -> Tuple[int, int]:

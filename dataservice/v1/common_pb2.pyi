@@ -20,6 +20,7 @@ class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     COMPRESSION_AUTO: _ClassVar[Compression]
     COMPRESSION_NONE: _ClassVar[Compression]
+    COMPRESSION_LZ4: _ClassVar[Compression]
 
 class TargetWorkers(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,6 +35,7 @@ SHARDING_POLICY_FILE_OR_DATA: ShardingPolicy
 SHARDING_POLICY_HINT: ShardingPolicy
 COMPRESSION_AUTO: Compression
 COMPRESSION_NONE: Compression
+COMPRESSION_LZ4: Compression
 TARGET_WORKERS_AUTO: TargetWorkers
 TARGET_WORKERS_ANY: TargetWorkers
 TARGET_WORKERS_LOCAL: TargetWorkers
@@ -55,7 +57,7 @@ class DatasetMetadata(_message.Message):
     def __init__(self, element_spec: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., cardinality: _Optional[int] = ...) -> None: ...
 
 class TaskDef(_message.Message):
-    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers")
+    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers", "num_consumers", "starting_round")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +66,8 @@ class TaskDef(_message.Message):
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    STARTING_ROUND_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_id: int
     job_id: int
@@ -72,31 +76,39 @@ class TaskDef(_message.Message):
     worker_address: str
     worker_index: int
     num_workers: int
-    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ...) -> None: ...
+    num_consumers: int
+    starting_round: int
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_consumers: _Optional[int] = ..., starting_round: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("task_id", "worker_address", "transfer_address", "finished")
+    __slots__ = ("task_id", "worker_address", "transfer_address", "finished", "starting_round")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STARTING_ROUND_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     worker_address: str
     transfer_address: str
     finished: bool
-    def __init__(self, task_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
+    starting_round: int
+    def __init__(self, task_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., finished: _Optional[bool] = ..., starting_round: _Optional[int] = ...) -> None: ...
 
 class TensorData(_message.Message):
-    __slots__ = ("dtype", "shape", "data", "string_lengths")
+    __slots__ = ("dtype", "shape", "data", "string_lengths", "compression", "uncompressed_size")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     STRING_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    UNCOMPRESSED_SIZE_FIELD_NUMBER: _ClassVar[int]
     dtype: int
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     string_lengths: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dtype: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., string_lengths: _Optional[_Iterable[int]] = ...) -> None: ...
+    compression: Compression
+    uncompressed_size: int
+    def __init__(self, dtype: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., string_lengths: _Optional[_Iterable[int]] = ..., compression: _Optional[_Union[Compression, str]] = ..., uncompressed_size: _Optional[int] = ...) -> None: ...
 
 class ElementChunk(_message.Message):
     __slots__ = ("num_elements", "components")

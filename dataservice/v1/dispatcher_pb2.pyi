@@ -84,18 +84,22 @@ class GetOrCreateIterationResponse(_message.Message):
     def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ...) -> None: ...
 
 class ClientHeartbeatRequest(_message.Message):
-    __slots__ = ("iteration_client_id",)
+    __slots__ = ("iteration_client_id", "current_round")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
     iteration_client_id: int
-    def __init__(self, iteration_client_id: _Optional[int] = ...) -> None: ...
+    current_round: int
+    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ...) -> None: ...
 
 class ClientHeartbeatResponse(_message.Message):
-    __slots__ = ("tasks", "iteration_finished")
+    __slots__ = ("tasks", "iteration_finished", "round_limit")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ROUND_LIMIT_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskInfo]
     iteration_finished: bool
-    def __init__(self, tasks: _Optional[_Iterable[_Union[_common_pb2.TaskInfo, _Mapping]]] = ..., iteration_finished: _Optional[bool] = ...) -> None: ...
+    round_limit: int
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_common_pb2.TaskInfo, _Mapping]]] = ..., iteration_finished: _Optional[bool] = ..., round_limit: _Optional[int] = ...) -> None: ...
 
 class ReleaseIterationClientRequest(_message.Message):
     __slots__ = ("iteration_client_id",)

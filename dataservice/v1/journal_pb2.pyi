@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Update(_message.Message):
-    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids", "start_splits", "return_splits", "remove_worker")
+    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids", "start_splits", "return_splits", "remove_worker", "extend_rounds")
     REGISTER_DATASET_FIELD_NUMBER: _ClassVar[int]
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     CREATE_JOB_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class Update(_message.Message):
     START_SPLITS_FIELD_NUMBER: _ClassVar[int]
     RETURN_SPLITS_FIELD_NUMBER: _ClassVar[int]
     REMOVE_WORKER_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     register_dataset: RegisterDatasetUpdate
     register_worker: RegisterWorkerUpdate
     create_job: CreateJobUpdate
@@ -37,7 +38,8 @@ class Update(_message.Message):
     start_splits: StartSplitsUpdate
     return_splits: ReturnSplitsUpdate
     remove_worker: RemoveWorkerUpdate
-    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ..., start_splits: _Optional[_Union[StartSplitsUpdate, _Mapping]] = ..., return_splits: _Optional[_Union[ReturnSplitsUpdate, _Mapping]] = ..., remove_worker: _Optional[_Union[RemoveWorkerUpdate, _Mapping]] = ...) -> None: ...
+    extend_rounds: ExtendRoundsUpdate
+    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ..., start_splits: _Optional[_Union[StartSplitsUpdate, _Mapping]] = ..., return_splits: _Optional[_Union[ReturnSplitsUpdate, _Mapping]] = ..., remove_worker: _Optional[_Union[RemoveWorkerUpdate, _Mapping]] = ..., extend_rounds: _Optional[_Union[ExtendRoundsUpdate, _Mapping]] = ...) -> None: ...
 
 class RegisterDatasetUpdate(_message.Message):
     __slots__ = ("dataset_id", "fingerprint", "metadata")
@@ -86,14 +88,16 @@ class CreateIterationUpdate(_message.Message):
     def __init__(self, iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., repetition: _Optional[int] = ...) -> None: ...
 
 class CreateTaskUpdate(_message.Message):
-    __slots__ = ("task_id", "iteration_id", "worker_address")
+    __slots__ = ("task_id", "iteration_id", "worker_address", "starting_round")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STARTING_ROUND_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_id: int
     worker_address: str
-    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., worker_address: _Optional[str] = ...) -> None: ...
+    starting_round: int
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., starting_round: _Optional[int] = ...) -> None: ...
 
 class FinishTaskUpdate(_message.Message):
     __slots__ = ("task_id",)
@@ -190,3 +194,11 @@ class ReserveIdsUpdate(_message.Message):
     next_task_id: int
     next_client_id: int
     def __init__(self, next_dataset_id: _Optional[int] = ..., next_job_id: _Optional[int] = ..., next_iteration_id: _Optional[int] = ..., next_task_id: _Optional[int] = ..., next_client_id: _Optional[int] = ...) -> None: ...
+
+class ExtendRoundsUpdate(_message.Message):
+    __slots__ = ("iteration_id", "round_limit")
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    iteration_id: int
+    round_limit: int
+    def __init__(self, iteration_id: _Optional[int] = ..., round_limit: _Optional[int] = ...) -> None: ...

@@ -18,14 +18,18 @@ class ProcessTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamElementsRequest(_message.Message):
-    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message")
+    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message", "credits", "compression")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_ELEMENTS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_client_id: int
     max_elements_per_message: int
-    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ...) -> None: ...
+    credits: int
+    compression: _common_pb2.Compression
+    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ...) -> None: ...
 
 class StreamElementsResponse(_message.Message):
     __slots__ = ("chunks", "end_of_sequence")
@@ -34,3 +38,27 @@ class StreamElementsResponse(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.ElementChunk]
     end_of_sequence: bool
     def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ...) -> None: ...
+
+class GetElementRequest(_message.Message):
+    __slots__ = ("task_id", "iteration_client_id", "consumer_index", "round", "compression")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    iteration_client_id: int
+    consumer_index: int
+    round: int
+    compression: _common_pb2.Compression
+    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., consumer_index: _Optional[int] = ..., round: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ...) -> None: ...
+
+class GetElementResponse(_message.Message):
+    __slots__ = ("chunk", "end_of_sequence", "not_ready")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    END_OF_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    NOT_READY_FIELD_NUMBER: _ClassVar[int]
+    chunk: _common_pb2.ElementChunk
+    end_of_sequence: bool
+    not_ready: bool
+    def __init__(self, chunk: _Optional[_Union[_common_pb2.ElementChunk, _Mapping]] = ..., end_of_sequence: _Optional[bool] = ..., not_ready: _Optional[bool] = ...) -> None: ...

@@ -39,10 +39,15 @@ class WorkerServiceStub:
                 request_serializer=dataservice_dot_v1_dot_worker__pb2.ProcessTaskRequest.SerializeToString,
                 response_deserializer=dataservice_dot_v1_dot_worker__pb2.ProcessTaskResponse.FromString,
                 _registered_method=True)
-        self.StreamElements = channel.unary_stream(
+        self.StreamElements = channel.stream_stream(
                 '/dataservice.v1.WorkerService/StreamElements',
                 request_serializer=dataservice_dot_v1_dot_worker__pb2.StreamElementsRequest.SerializeToString,
                 response_deserializer=dataservice_dot_v1_dot_worker__pb2.StreamElementsResponse.FromString,
+                _registered_method=True)
+        self.GetElement = channel.unary_unary(
+                '/dataservice.v1.WorkerService/GetElement',
+                request_serializer=dataservice_dot_v1_dot_worker__pb2.GetElementRequest.SerializeToString,
+                response_deserializer=dataservice_dot_v1_dot_worker__pb2.GetElementResponse.FromString,
                 _registered_method=True)
 
 
@@ -56,10 +61,18 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def StreamElements(self, request, context):
-        """A client reads the elements of one task. Each response carries as many
-        buffered elements as fit its size budget; the stream ends after a
+    def StreamElements(self, request_iterator, context):
+        """A client reads the elements of one task. The client grants credits (how
+        many more elements it can hold); the worker sends at most that many, as
+        many per response as fit its size budget. The stream ends after a
         response with end_of_sequence set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetElement(self, request, context):
+        """Coordinated reads: consumer `consumer_index`'s element of one round.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -73,10 +86,15 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     request_deserializer=dataservice_dot_v1_dot_worker__pb2.ProcessTaskRequest.FromString,
                     response_serializer=dataservice_dot_v1_dot_worker__pb2.ProcessTaskResponse.SerializeToString,
             ),
-            'StreamElements': grpc.unary_stream_rpc_method_handler(
+            'StreamElements': grpc.stream_stream_rpc_method_handler(
                     servicer.StreamElements,
                     request_deserializer=dataservice_dot_v1_dot_worker__pb2.StreamElementsRequest.FromString,
                     response_serializer=dataservice_dot_v1_dot_worker__pb2.StreamElementsResponse.SerializeToString,
+            ),
+            'GetElement': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetElement,
+                    request_deserializer=dataservice_dot_v1_dot_worker__pb2.GetElementRequest.FromString,
+                    response_serializer=dataservice_dot_v1_dot_worker__pb2.GetElementResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -117,7 +135,7 @@ class WorkerService:
             _registered_method=True)
 
     @staticmethod
-    def StreamElements(request,
+    def StreamElements(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -127,12 +145,39 @@ class WorkerService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/dataservice.v1.WorkerService/StreamElements',
             dataservice_dot_v1_dot_worker__pb2.StreamElementsRequest.SerializeToString,
             dataservice_dot_v1_dot_worker__pb2.StreamElementsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetElement(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.v1.WorkerService/GetElement',
+            dataservice_dot_v1_dot_worker__pb2.GetElementRequest.SerializeToString,
+            dataservice_dot_v1_dot_worker__pb2.GetElementResponse.FromString,
             options,
             channel_credentials,
             insecure,

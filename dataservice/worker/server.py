@@ -22,6 +22,7 @@ from dataservice.config import WorkerConfig
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2, worker_pb2_grpc
 from dataservice.wire import ElementCodec
 from dataservice.worker.split_fetcher import SplitFetcher
+from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.task_runner import TaskRunner
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ UNKNOWN_TASK_WAIT_S = 5.0
 _TAKE_POLL_S = 0.5
 # How long a stream waits for more elements before it sends a partial message.
 LINGER_S = 0.005
+# Coordinated reads: how long a GetElement waits for the other consumers before
+# it answers not_ready (the client asks again).
+ROUND_WAIT_S = 2.0
 
 
 def _grpc_code(error: BaseException) -> grpc.StatusCode:
@@ -58,8 +62,11 @@ class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._worker.start_task(request.task)
         return worker_pb2.ProcessTaskResponse()
 
-    def StreamElements(self, request, context):
+    def StreamElements(self, request_iterator, context):
         worker = self._worker
+        request = next(request_iterator, None)
+        if request is None:
+            return
         runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
         if runner is None:
             if request.task_id in worker.finished_tasks:
@@ -67,27 +74,113 @@ class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 return
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           f"worker {worker.address} has no task {request.task_id} (yet)")
+        credits = _Credits(request.credits)
+        threading.Thread(target=credits.read, args=(request_iterator,), name=f"credits-{request.task_id}",
+                         daemon=True).start()
         max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
+        compress = request.compression == common_pb2.COMPRESSION_AUTO
         linger_s = 0.0  # the first message goes out at once: time to first element matters
-        while context.is_active():
-            try:
-                elements, done = runner.take(max_elements, MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, linger_s)
-                linger_s = LINGER_S
-            except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
-                message = getattr(e, "message", str(e))
-                context.abort(_grpc_code(e), f"the pipeline of task {request.task_id} failed on worker "
-                                             f"{worker.address}: {type(e).__name__}: {message}")
-            if done:
-                worker.report_finished(request.task_id)
-                yield worker_pb2.StreamElementsResponse(
-                    chunks=runner.codec.encode_chunks(elements), end_of_sequence=True)
-                return
-            if elements:
-                yield worker_pb2.StreamElementsResponse(chunks=runner.codec.encode_chunks(elements))
-            elif runner.stopped:
-                context.abort(grpc.StatusCode.CANCELLED, (
-                    f"task {request.task_id} was stopped by the dispatcher: its iteration ended, or the dispatcher "
-                    "restarted without fault_tolerant_mode and no longer knows it"))
+        try:
+            while context.is_active():
+                allowed = credits.wait(_TAKE_POLL_S)
+                if not allowed:
+                    if credits.closed:
+                        return  # the client wants no more
+                    continue
+                try:
+                    elements, done = runner.take(min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S,
+                                                 linger_s)
+                    linger_s = LINGER_S
+                except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
+                    context.abort(_grpc_code(e), _pipeline_error(request.task_id, worker.address, e))
+                credits.spend(len(elements))
+                if done:
+                    worker.report_finished(request.task_id)
+                    yield worker_pb2.StreamElementsResponse(
+                        chunks=runner.codec.encode_chunks(elements, compress), end_of_sequence=True)
+                    return
+                if elements:
+                    yield worker_pb2.StreamElementsResponse(chunks=runner.codec.encode_chunks(elements, compress))
+                elif runner.stopped:
+                    context.abort(grpc.StatusCode.CANCELLED, _stopped_message(request.task_id))
+        finally:
+            credits.close()
+
+    def GetElement(self, request, context):
+        worker = self._worker
+        runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
+        if runner is None:
+            if request.task_id in worker.finished_tasks:
+                return worker_pb2.GetElementResponse(end_of_sequence=True)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {worker.address} has no task {request.task_id} (yet)")
+        rounds = worker.round_robin(request.task_id)
+        if rounds is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"task {request.task_id} is not a coordinated-reads task: read it with StreamElements")
+        try:
+            element, end = rounds.get(request.consumer_index, request.round, ROUND_WAIT_S)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {request.task_id}: {e}")
+        except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
+            context.abort(_grpc_code(e), _pipeline_error(request.task_id, worker.address, e))
+        if end:
+            return worker_pb2.GetElementResponse(end_of_sequence=True)
+        if element is None:
+            if runner.stopped:
+                context.abort(grpc.StatusCode.CANCELLED, _stopped_message(request.task_id))
+            return worker_pb2.GetElementResponse(not_ready=True)
+        chunk, = runner.codec.encode_chunks([element], request.compression == common_pb2.COMPRESSION_AUTO)
+        return worker_pb2.GetElementResponse(chunk=chunk)
+
+
+def _pipeline_error(task_id: int, address: str, error: BaseException) -> str:
+    message = getattr(error, "message", str(error))
+    return f"the pipeline of task {task_id} failed on worker {address}: {type(error).__name__}: {message}"
+
+
+def _stopped_message(task_id: int) -> str:
+    return (f"task {task_id} was stopped by the dispatcher: its iteration ended, or the dispatcher "
+            "restarted without fault_tolerant_mode and no longer knows it")
+
+
+class _Credits:
+    """How many more elements a client can take: granted by its requests, spent by responses."""
+
+    def __init__(self, initial: int):
+        self._available = max(0, initial)
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def read(self, request_iterator) -> None:
+        """Adds the credits of the client's later requests (runs until the stream ends)."""
+        try:
+            for request in request_iterator:
+                with self._cond:
+                    self._available += max(0, request.credits)
+                    self._cond.notify_all()
+        except grpc.RpcError:
+            pass  # the stream was cancelled: the sending side sees it too
+        finally:
+            self.close()
+
+    def wait(self, timeout_s: float) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self._available > 0 or self._closed, timeout_s)
+            return self._available
+
+    def spend(self, count: int) -> None:
+        with self._cond:
+            self._available -= count
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        with self._cond:
+            return self._closed
 
 
 class WorkerServer:
@@ -108,6 +201,7 @@ class WorkerServer:
         self._lock = threading.Lock()
         self._tasks_changed = threading.Condition(self._lock)
         self._runners: Dict[int, TaskRunner] = {}
+        self._round_robins: Dict[int, RoundRobinServer] = {}
         self.finished_tasks: Set[int] = set()
         self._unreported: Set[int] = set()
         self._datasets: Dict[str, Tuple[bytes, object]] = {}
@@ -141,6 +235,7 @@ class WorkerServer:
         with self._lock:
             runners = list(self._runners.values())
             self._runners.clear()
+            self._round_robins.clear()
         for runner in runners:
             runner.stop()
         self._server.stop(grace_s).wait()
@@ -203,6 +298,7 @@ class WorkerServer:
             self.finished_tasks.add(task_id)
             self._unreported.add(task_id)
             runner = self._runners.pop(task_id, None)
+            self._round_robins.pop(task_id, None)
         if runner is not None:
             runner.stop()
         try:
@@ -252,8 +348,11 @@ class WorkerServer:
         with self._lock:
             if task.task_id in self._runners or task.task_id in self.finished_tasks:
                 return
-            self._runners[task.task_id] = TaskRunner(
+            runner = TaskRunner(
                 task.task_id, lambda: self._task_dataset(task, graph_def, element_spec), ElementCodec(element_spec))
+            self._runners[task.task_id] = runner
+            if task.num_consumers:
+                self._round_robins[task.task_id] = RoundRobinServer(runner, task.num_consumers, task.starting_round)
             self._tasks_changed.notify_all()
         log.info("worker %s started task %d (iteration %d)", self.address, task.task_id, task.iteration_id)
 
@@ -277,9 +376,15 @@ class WorkerServer:
     def _delete_task(self, task_id: int) -> None:
         with self._lock:
             runner = self._runners.pop(task_id, None)
+            self._round_robins.pop(task_id, None)
         if runner is not None:
             runner.stop()
             log.info("worker %s stopped task %d", self.address, task_id)
+
+    def round_robin(self, task_id: int) -> Optional[RoundRobinServer]:
+        """The round server of a coordinated-reads task (None for other tasks)."""
+        with self._lock:
+            return self._round_robins.get(task_id)
 
     def wait_for_task(self, task_id: int, timeout_s: float) -> Optional[TaskRunner]:
         """The task's runner; a task not heard of yet makes the worker heartbeat at once."""

@@ -1,0 +1,144 @@
+"""Coordinated reads: consumers of a job read in rounds, all from the same worker.
+
+Round r is served by one task, the same for every consumer: the tasks whose
+starting round is at most r, in task-id order, take turns (r modulo their
+number). A task added when a worker joins starts at a round no consumer may
+have read yet (the dispatcher grants rounds ahead and starts new tasks after
+the last grant), so all consumers add it at the same round. The rounds of a
+task whose worker was lost are skipped by everyone, so a lost worker costs its
+rounds, not a deadlock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, Iterator, List, Optional
+
+import grpc
+import tensorflow as tf
+
+from dataservice import rpc
+from dataservice.client.session import IterationSession, JobSpec
+from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2, worker_pb2_grpc
+from dataservice.wire import ElementCodec
+
+
+class CoordinatedReader:
+    """An iterator over the elements (one-element chunks) of consumer `consumer_index`."""
+
+    def __init__(self, dispatcher_address: str, job: JobSpec, repetition: int, codec: ElementCodec,
+                 consumer_index: int, timeout_s: float, compression: int):
+        self.codec = codec
+        self._consumer_index = consumer_index
+        self._timeout_s = timeout_s
+        self._compression = compression
+        self._round = 0
+        self._round_limit = 0
+        self._tasks: Dict[int, common_pb2.TaskInfo] = {}
+        self._iteration_finished = False
+        self._error: Optional[BaseException] = None
+        self._changed = threading.Condition()
+        self._stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
+        self._channels: List[grpc.Channel] = []
+        self.session = IterationSession(dispatcher_address, job, repetition, timeout_s,
+                                        on_heartbeat=self._on_heartbeat, on_error=self._fail,
+                                        current_round=lambda: self._round)
+        self.client_id = self.session.client_id
+        self.session.start()
+
+    def _on_heartbeat(self, response: dispatcher_pb2.ClientHeartbeatResponse) -> None:
+        with self._changed:
+            for task in response.tasks:
+                self._tasks[task.task_id] = task
+            self._round_limit = max(self._round_limit, response.round_limit)
+            self._iteration_finished = response.iteration_finished
+            self._changed.notify_all()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._changed:
+            self._error = error
+            self._changed.notify_all()
+
+    def __iter__(self) -> Iterator[tuple]:
+        while not self.session.stopped.is_set():
+            task = self._task_of_round(self._round)
+            if task is None:
+                return
+            response = self._read(task, self._round)
+            self._round += 1
+            if response is None:
+                continue  # the task's worker was lost: everyone skips its rounds
+            if response.end_of_sequence:
+                return
+            yield self.codec.decode_chunk(response.chunk)
+
+    def _task_of_round(self, round_index: int) -> Optional[common_pb2.TaskInfo]:
+        """The task serving the round (lost ones included: their rounds are skipped, which
+        also carries the consumers to the first round of a worker that replaces them);
+        waits for the dispatcher's grant and for a first task. None: the iteration is over."""
+        deadline = time.monotonic() + self._timeout_s
+        with self._changed:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                serving = sorted((t for t in self._tasks.values() if t.starting_round <= round_index),
+                                 key=lambda t: t.task_id)
+                if self._iteration_finished and all(t.finished for t in serving):
+                    return None
+                if serving and round_index < self._round_limit:
+                    return serving[round_index % len(serving)]
+                if round_index >= self._round_limit and time.monotonic() > deadline:
+                    raise tf.errors.DeadlineExceededError(None, None, (
+                        f"consumer {self._consumer_index}: the dispatcher granted no round beyond "
+                        f"{self._round_limit - 1} for {self._timeout_s:.0f} s"))
+                self.session.wake()
+                self._changed.wait(0.2)
+                if self.session.stopped.is_set():
+                    return None
+
+    def _read(self, task: common_pb2.TaskInfo, round_index: int) -> Optional[worker_pb2.GetElementResponse]:
+        """The consumer's element of the round; None when the task's worker is lost."""
+        request = worker_pb2.GetElementRequest(
+            task_id=task.task_id, iteration_client_id=self.client_id, consumer_index=self._consumer_index,
+            round=round_index, compression=self._compression)
+        stub = self._stub(task.transfer_address)
+        backoff = rpc.Backoff(self._timeout_s)
+        while not self.session.stopped.is_set():
+            if self._task_lost(task.task_id):
+                return None
+            try:
+                response = stub.GetElement(request, timeout=30)
+            except grpc.RpcError as e:
+                if e.code() not in rpc.RETRYABLE_CODES and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise rpc.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
+                                             f"worker {task.worker_address}") from None
+                if not backoff.sleep():
+                    if self._task_lost(task.task_id):
+                        return None
+                    raise rpc.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
+                                             f"worker {task.worker_address}") from None
+                self.session.wake()
+                continue
+            if response.not_ready:
+                continue  # the other consumers have not reached this round yet
+            return response
+        return None
+
+    def _task_lost(self, task_id: int) -> bool:
+        with self._changed:
+            task = self._tasks.get(task_id)
+            return task is not None and task.finished
+
+    def _stub(self, address: str) -> worker_pb2_grpc.WorkerServiceStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = rpc.make_channel(address)
+            self._channels.append(channel)
+            stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
+        return stub
+
+    def close(self) -> None:
+        self.session.close()
+        for channel in self._channels:
+            channel.close()

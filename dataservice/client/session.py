@@ -1,0 +1,146 @@
+"""A client's membership of one iteration: creating it, heartbeating, releasing it.
+
+The dispatcher learns from the heartbeats that the client is alive (a silent
+client is released after client_timeout_ms) and answers with the iteration's
+tasks, whether it is finished and, for coordinated reads, how far the client
+may read. Readers (streaming or coordinated) get each answer through a callback.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import threading
+import time
+from typing import Callable, FrozenSet, Optional
+
+import grpc
+import tensorflow as tf
+
+from dataservice import rpc
+from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 1.0
+_NO_WORKERS_WARNING_S = 10.0
+
+
+class JobSpec:
+    """What a client asks the dispatcher for: which job, and how it is read."""
+
+    def __init__(self, dataset_id: str, sharding_policy: int, job_name: Optional[str],
+                 num_consumers: Optional[int], target_workers: int):
+        self.dataset_id = dataset_id
+        self.sharding_policy = sharding_policy
+        self.job_name = job_name or ""
+        self.num_consumers = num_consumers or 0
+        self.target_workers = target_workers
+
+
+@functools.lru_cache(maxsize=1)
+def _local_hosts() -> FrozenSet[str]:
+    names = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
+    for name in (socket.gethostname(), socket.getfqdn()):
+        names.add(name.lower())
+        try:
+            names.update(socket.gethostbyname_ex(name)[2])
+        except OSError:
+            pass
+    return frozenset(names)
+
+
+def is_local_worker(address: str) -> bool:
+    """Whether a worker address names this host (target_workers='LOCAL')."""
+    host = address.rsplit(":", 1)[0].lower() if ":" in address else address.lower()
+    return host in _local_hosts() or host.startswith("127.")
+
+
+class IterationSession:
+    def __init__(self, dispatcher_address: str, job: JobSpec, repetition: int, timeout_s: float,
+                 on_heartbeat: Callable[[dispatcher_pb2.ClientHeartbeatResponse], None],
+                 on_error: Callable[[BaseException], None],
+                 current_round: Callable[[], int] = lambda: 0):
+        self._address = dispatcher_address
+        self.timeout_s = timeout_s
+        self.local_only = job.target_workers == common_pb2.TARGET_WORKERS_LOCAL
+        self._on_heartbeat = on_heartbeat
+        self._on_error = on_error
+        self._current_round = current_round
+        self._channel = rpc.make_channel(dispatcher_address)
+        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(self._channel)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        job_response = self._call(self._stub.GetOrCreateJob, dispatcher_pb2.GetOrCreateJobRequest(
+            dataset_id=job.dataset_id,
+            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
+            job_name=job.job_name, num_consumers=job.num_consumers, target_workers=job.target_workers,
+        ), "creating a job")
+        iteration = self._call(self._stub.GetOrCreateIteration, dispatcher_pb2.GetOrCreateIterationRequest(
+            job_id=job_response.job_id, repetition=repetition), "creating an iteration")
+        self.client_id = iteration.iteration_client_id
+        self._waiting_since = time.monotonic()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        """The first heartbeat (here, so that its errors reach the caller), then a thread for the rest."""
+        self._heartbeat()
+        self._thread = threading.Thread(target=self._loop, name="client-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _call(self, method, request, what: str):
+        return rpc.call(method, request, server=f"dispatcher at {self._address}", what=what, timeout_s=self.timeout_s)
+
+    def wake(self) -> None:
+        """Heartbeats now rather than at the next interval."""
+        self._wake.set()
+
+    @property
+    def stopped(self) -> threading.Event:
+        return self._stop
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(HEARTBEAT_INTERVAL_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._heartbeat()
+            except tf.errors.OpError as e:
+                self._on_error(e)
+                return
+
+    def _heartbeat(self) -> None:
+        response = self._call(self._stub.ClientHeartbeat, dispatcher_pb2.ClientHeartbeatRequest(
+            iteration_client_id=self.client_id, current_round=self._current_round()), "client heartbeat")
+        if self.local_only:
+            local = [t for t in response.tasks if is_local_worker(t.worker_address)]
+            if response.tasks and not local:
+                raise tf.errors.FailedPreconditionError(None, None, (
+                    "target_workers='LOCAL', but none of the iteration's workers runs on this host "
+                    f"({', '.join(sorted(t.worker_address for t in response.tasks))}): start a worker here, "
+                    "or read with target_workers='ANY'"))
+            del response.tasks[:]
+            response.tasks.extend(local)
+        self._on_heartbeat(response)
+        if not response.tasks and time.monotonic() - self._waiting_since > _NO_WORKERS_WARNING_S:
+            log.warning("no worker has a task for this iteration yet: are workers registered with the "
+                        "dispatcher at %s?", self._address)
+            self._waiting_since = time.monotonic()
+
+    def close(self) -> None:
+        """Stops heartbeating and releases this client at the dispatcher (best effort)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._wake.set()
+        try:
+            self._stub.ReleaseIterationClient(
+                dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=self.client_id), timeout=2)
+        except grpc.RpcError as e:
+            log.debug("releasing iteration client %d failed: %s", self.client_id, e.code().name)
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        self._channel.close()

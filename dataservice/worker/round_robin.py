@@ -1,0 +1,91 @@
+"""Coordinated reads on the worker: one task's elements served in rounds.
+
+Round r of a task is the next `num_consumers` elements of its pipeline;
+consumer c gets element c of it. A round is cut only once every consumer has
+asked for it, which keeps synchronous trainers in step (no consumer runs ahead
+and no round is cut for consumers that moved on) and bounds the memory to a
+few rounds. A cut round is kept for a while, so a consumer whose response was
+lost can ask again and get the same element.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Deque, Dict, List, Optional, Set, Tuple
+
+from dataservice.wire import Components
+from dataservice.worker.task_runner import TaskRunner
+
+# Cut rounds kept for consumers that ask again.
+KEEP_ROUNDS = 8
+
+
+class RoundRobinServer:
+    def __init__(self, runner: TaskRunner, num_consumers: int, starting_round: int):
+        self._runner = runner
+        self._num_consumers = num_consumers
+        self.starting_round = starting_round
+        self._cond = threading.Condition()
+        # round -> its elements (None: the pipeline ended before the round was full).
+        self._rounds: Dict[int, Optional[List[Components]]] = {}
+        self._order: Deque[int] = collections.deque()
+        self._requested: Dict[int, Set[int]] = collections.defaultdict(set)
+        self._cutting = False
+
+    def get(self, consumer_index: int, round_index: int, wait_s: float) -> Tuple[Optional[Components], bool]:
+        """(element, end_of_sequence) for the consumer's share of the round; (None, False)
+        when not every consumer has asked for the round within `wait_s` (ask again)."""
+        if not 0 <= consumer_index < self._num_consumers:
+            raise ValueError(f"consumer_index {consumer_index} out of range: the job has {self._num_consumers} "
+                             "consumers")
+        if round_index < self.starting_round:
+            raise ValueError(f"round {round_index} comes before round {self.starting_round}, this task's first")
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            if round_index not in self._rounds:
+                if self._order and round_index < self._order[0]:
+                    raise ValueError(f"round {round_index} was cut and dropped long ago (oldest kept: "
+                                     f"{self._order[0]}): this consumer fell behind the others")
+                self._requested[round_index].add(consumer_index)
+                self._cond.notify_all()
+                while round_index not in self._rounds:
+                    everyone = len(self._requested[round_index]) == self._num_consumers
+                    if everyone and not self._cutting:
+                        self._cut(round_index, deadline)
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None, False
+                    self._cond.wait(remaining)
+            elements = self._rounds[round_index]
+        if elements is None:
+            return None, True
+        return elements[consumer_index], False
+
+    def _cut(self, round_index: int, deadline: float) -> None:
+        """Takes the round's elements from the task's buffer. Called with the lock held;
+        releases it while waiting for the pipeline."""
+        self._cutting = True
+        try:
+            elements: List[Components] = []
+            done = False
+            self._cond.release()
+            try:
+                while len(elements) < self._num_consumers and not done:
+                    taken, done = self._runner.take(self._num_consumers - len(elements), 1 << 62,
+                                                    max(0.05, deadline - time.monotonic()))
+                    elements.extend(taken)
+                    if not taken and not done and self._runner.stopped:
+                        done = True
+            finally:
+                self._cond.acquire()
+            self._rounds[round_index] = elements if len(elements) == self._num_consumers else None
+            self._order.append(round_index)
+            self._requested.pop(round_index, None)
+            while len(self._order) > KEEP_ROUNDS:
+                del self._rounds[self._order.popleft()]
+        finally:
+            self._cutting = False
+            self._cond.notify_all()

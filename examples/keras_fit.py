@@ -1,0 +1,43 @@
+"""Keras model.fit on batches that dataservice workers prepare (distributed_epoch over TFRecord shards).
+
+    python examples/keras_fit.py [--epochs 8] [--service grpc://host:port]
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tensorflow as tf  # noqa: E402
+
+import dataservice  # noqa: E402
+from dataservice import sample_data  # noqa: E402
+from _cluster import add_service_flags, service_target  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=8)
+    add_service_flags(parser)
+    args = parser.parse_args()
+    train_files, test_files = sample_data.write_digits(tempfile.mkdtemp(prefix="digits-"))
+    with service_target(args) as target:
+        train = sample_data.digits_dataset(train_files, 32, shuffle_buffer=512).apply(
+            dataservice.distribute("distributed_epoch", target))
+        model = tf.keras.Sequential([
+            tf.keras.Input([sample_data.NUM_FEATURES]),
+            tf.keras.layers.Dense(128, activation="relu"),
+            tf.keras.layers.Dense(sample_data.NUM_CLASSES),
+        ])
+        model.compile(optimizer=tf.keras.optimizers.Adam(3e-3),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        model.fit(train, epochs=args.epochs, verbose=2)
+        _, accuracy = model.evaluate(sample_data.digits_dataset(test_files, 64, drop_remainder=False), verbose=0)
+        print(f"test accuracy {accuracy:.3f}")
+
+
+if __name__ == "__main__":
+    main()

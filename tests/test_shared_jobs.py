@@ -1,0 +1,373 @@
+"""Shared jobs, coordinated reads, job garbage collection, target_workers, compression
+and flow control, with clients in threads and in separate processes."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.data.experimental.ops import testing
+
+import dataservice as service
+from dataservice import compression
+from dataservice.client.reader import IterationReader
+from dataservice.client.session import JobSpec
+from dataservice.local_cluster import LocalCluster
+from dataservice.v1 import common_pb2
+from dataservice.wire import ElementCodec
+from conftest import REPO_ROOT, Cluster, wait_for_workers
+
+pytestmark = pytest.mark.timeout(240)
+
+# A client in its own process: reads a dataset from the service and prints its elements as JSON.
+_CLIENT = r"""
+import json, sys
+import tensorflow as tf
+from tensorflow.python.data.experimental.ops import testing
+import dataservice as service
+args = json.loads(sys.argv[1])
+ds = tf.data.Dataset.range(args["n"]).apply(testing.sleep(args.get("sleep_us", 0)))
+if args.get("repeat"):
+    ds = ds.repeat()
+ds = ds.apply(service.distribute("parallel_epochs", args["target"], **args["kwargs"]))
+out = []
+for x in ds:
+    out.append(int(x))
+    if len(out) == args.get("limit", -1):
+        break
+print("ELEMENTS " + json.dumps(out), flush=True)
+"""
+
+
+def _client_process(**args) -> subprocess.Popen:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
+    return subprocess.Popen([sys.executable, "-c", _CLIENT, json.dumps(args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _elements(proc: subprocess.Popen, timeout_s: float = 120) -> list:
+    out, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, err[-3000:]
+    line = [l for l in out.splitlines() if l.startswith("ELEMENTS ")][-1]
+    return json.loads(line[len("ELEMENTS "):])
+
+
+def _in_threads(count, target):
+    results, errors = [None] * count, []
+
+    def run(i):
+        try:
+            results[i] = target(i)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+    return results
+
+
+# ---- shared jobs ---------------------------------------------------------------
+
+
+def test_shared_job_divides_elements_between_client_processes(cluster):
+    cluster.add_worker()
+    clients = [_client_process(n=300, sleep_us=5000, target=cluster.target, kwargs={"job_name": "shared"})
+               for _ in range(2)]
+    parts = [_elements(p) for p in clients]
+    assert all(parts), "both processes got elements"
+    # Two workers each produce range(300) once (parallel_epochs); each element goes to one consumer.
+    assert collections.Counter(parts[0] + parts[1]) == {i: 2 for i in range(300)}
+
+
+def test_shared_job_divides_elements_between_threads(cluster):
+    source = tf.data.Dataset.range(400).apply(testing.sleep(3000))
+
+    def read(_):
+        return [int(x) for x in source.apply(service.distribute("parallel_epochs", cluster.target,
+                                                                job_name="threads"))]
+
+    parts = _in_threads(3, read)
+    assert sum(1 for p in parts if p) >= 2
+    assert sorted(sum(parts, [])) == list(range(400))
+
+
+def test_each_repeat_epoch_of_a_named_job_is_its_own_iteration(cluster):
+    ds = tf.data.Dataset.range(20).apply(service.distribute("parallel_epochs", cluster.target, job_name="epochs"))
+    assert sorted(int(x) for x in ds.repeat(3)) == sorted(list(range(20)) * 3)
+
+
+def test_reusing_the_name_of_a_finished_job_gives_an_empty_dataset(cluster):
+    make = lambda: tf.data.Dataset.range(10).apply(  # noqa: E731
+        service.distribute("parallel_epochs", cluster.target, job_name="done"))
+    assert [int(x) for x in make()] == list(range(10))
+    assert [int(x) for x in make()] == [], "the job's first iteration is over: a new reader of it gets nothing"
+
+
+@pytest.mark.parametrize("first, second, named", [
+    (dict(processing_mode="distributed_epoch"), dict(processing_mode="parallel_epochs"), "processing mode"),
+    (dict(target_workers="AUTO"), dict(target_workers="LOCAL"), "target_workers"),
+])
+def test_shared_job_with_other_arguments_names_the_mismatch(cluster, first, second, named):
+    def make(kwargs):
+        kwargs = dict(kwargs)
+        mode = kwargs.pop("processing_mode", "parallel_epochs")
+        return tf.data.Dataset.range(10**6).apply(service.distribute(mode, cluster.target, job_name="m", **kwargs))
+
+    iterator = iter(make(first))
+    next(iterator)
+    with pytest.raises(tf.errors.OpError, match=f"InvalidArgumentError.*job 'm' already exists.*{named}"):
+        next(iter(make(second)))
+
+
+# ---- coordinated reads -----------------------------------------------------------
+
+
+def _coordinated(cluster_target, index, count=2, job_name="coord", rounds=40, sleep_us=0, event=None):
+    """Consumer `index` of `count` reads `rounds` rounds; consumer 0 calls event[1]()
+    after event[0] of them (a worker joins or dies mid-job)."""
+    ds = tf.data.Dataset.range(10**9).apply(testing.sleep(sleep_us)).repeat().apply(service.distribute(
+        "parallel_epochs", cluster_target, job_name=job_name, consumer_index=index, num_consumers=count))
+    out = []
+    for x in ds.take(rounds):
+        out.append(int(x))
+        if event is not None and index == 0 and len(out) == event[0]:
+            event[1]()
+    return out
+
+
+def _assert_rounds_from_one_stream(parts, count):
+    """In each round every consumer reads from the same worker's stream: round r gives
+    consumer c element c of `count` consecutive elements of that stream."""
+    rounds = min(len(p) for p in parts)
+    for r in range(rounds):
+        first = parts[0][r]
+        assert first % count == 0, (r, [p[r] for p in parts])
+        assert [p[r] for p in parts] == [first + c for c in range(count)], (r, [p[r] for p in parts])
+
+
+def test_coordinated_reads_in_threads_read_each_round_from_one_worker(cluster2):
+    parts = _in_threads(3, lambda i: _coordinated(cluster2.target, i, count=3))
+    _assert_rounds_from_one_stream(parts, 3)
+    # Two workers take turns: rounds 0 and 1 both start their streams at element 0.
+    assert parts[0][:4] == [0, 0, 3, 3]
+
+
+def test_coordinated_reads_in_processes(cluster2):
+    clients = [_client_process(n=10**9, repeat=True, limit=30, target=cluster2.target,
+                               kwargs={"job_name": "procs", "consumer_index": i, "num_consumers": 2})
+               for i in range(2)]
+    _assert_rounds_from_one_stream([_elements(p) for p in clients], 2)
+
+
+def test_coordinated_reads_survive_a_worker_joining(cluster):
+    added = threading.Event()
+
+    def add():
+        cluster.add_worker()
+        added.set()
+
+    parts = _in_threads(2, lambda i: _coordinated(cluster.target, i, job_name="join", rounds=200, sleep_us=2000,
+                                                  event=(30, add)))
+    assert added.is_set()
+    _assert_rounds_from_one_stream(parts, 2)
+    # The new worker's stream starts again at 0: its rounds show up after it joined.
+    restarts = [r for r in range(1, len(parts[0])) if parts[0][r] < parts[0][r - 1]]
+    assert restarts, "the joining worker never served a round"
+
+
+def test_coordinated_reads_survive_a_worker_dying():
+    with LocalCluster(num_workers=2, extra_dispatcher_args=("--worker_timeout_ms=2000",),
+                      extra_worker_args=("--heartbeat_interval_ms=300",)) as cluster:
+        wait_for_workers(cluster.address, 2)
+        killed = threading.Event()
+
+        def kill():
+            cluster.workers[1].kill()
+            killed.set()
+
+        start = time.monotonic()
+        parts = _in_threads(2, lambda i: _coordinated(cluster.target, i, job_name="die", rounds=80, sleep_us=2000,
+                                                      event=(20, kill)))
+        assert killed.is_set()
+        assert len(parts[0]) == len(parts[1]) == 80, "both consumers read on after the worker died"
+        assert time.monotonic() - start < 120
+        # After the loss only the surviving worker serves, so the later rounds pair up again.
+        _assert_rounds_from_one_stream([p[-20:] for p in parts], 2)
+
+
+def test_coordinated_reads_need_an_infinite_dataset(cluster):
+    with pytest.raises(ValueError, match="infinite dataset"):
+        tf.data.Dataset.range(10).apply(service.distribute(
+            "parallel_epochs", cluster.target, job_name="finite", consumer_index=0, num_consumers=2))
+    # Through from_dataset_id with an element_spec the client cannot tell: the dispatcher refuses.
+    dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10))
+    ds = service.from_dataset_id("parallel_epochs", cluster.target, dataset_id, tf.TensorSpec([], tf.int64),
+                                 job_name="finite", consumer_index=0, num_consumers=2)
+    with pytest.raises(tf.errors.OpError, match="FailedPreconditionError.*infinite dataset"):
+        next(iter(ds))
+
+
+# ---- job garbage collection ----------------------------------------------------
+
+
+def _wait_until(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_named_iteration_without_clients_is_released_after_job_gc_timeout():
+    cluster = Cluster(num_workers=1, job_gc_timeout_ms=1500, job_gc_check_interval_ms=200)
+    try:
+        worker = cluster.workers[0]
+        iterator = iter(tf.data.Dataset.range(10**9).apply(
+            service.distribute("parallel_epochs", cluster.target, job_name="gc")))
+        next(iterator)
+        assert len(worker._runners) == 1
+        del iterator
+        time.sleep(0.8)
+        assert len(worker._runners) == 1, "a named job waits job_gc_timeout_ms for another client"
+        _wait_until(lambda: not worker._runners, 20, "the idle named iteration kept its task")
+    finally:
+        cluster.stop()
+
+
+def test_vanished_client_is_released_after_client_timeout():
+    cluster = Cluster(num_workers=1, client_timeout_ms=2000, job_gc_check_interval_ms=200)
+    try:
+        worker = cluster.workers[0]
+        client = _client_process(n=10**9, sleep_us=1000, target=cluster.target, kwargs={})
+        _wait_until(lambda: worker._runners, 60, "the client process never started its job")
+        time.sleep(1.0)
+        client.send_signal(signal.SIGKILL)
+        client.wait(10)
+        _wait_until(lambda: not worker._runners, 20, "the task of a SIGKILLed client kept running")
+    finally:
+        cluster.stop()
+
+
+# ---- target_workers ------------------------------------------------------------
+
+
+def test_local_target_workers_read_from_workers_on_this_host(cluster):
+    ds = tf.data.Dataset.range(50).apply(service.distribute("parallel_epochs", cluster.target,
+                                                            target_workers="LOCAL"))
+    assert sorted(int(x) for x in ds) == list(range(50))
+
+
+def test_local_target_workers_without_a_local_worker_is_an_error():
+    cluster = Cluster(num_workers=0)
+    try:
+        cluster.add_worker(worker_address="worker-7.elsewhere.invalid:%port%")
+        ds = tf.data.Dataset.range(50).apply(service.distribute("parallel_epochs", cluster.target,
+                                                                target_workers="LOCAL"))
+        with pytest.raises(tf.errors.OpError, match="FailedPreconditionError.*target_workers='LOCAL'.*elsewhere"):
+            next(iter(ds))
+    finally:
+        cluster.stop()
+
+
+def test_unknown_target_workers_is_a_value_error(cluster):
+    with pytest.raises(ValueError, match="target_workers"):
+        service.distribute("parallel_epochs", cluster.target, target_workers="NEARBY")
+
+
+# ---- compression ---------------------------------------------------------------
+
+
+def test_auto_compression_compresses_only_what_shrinks():
+    zeros = np.zeros(1 << 20, np.float32).tobytes()
+    codec, payload = compression.compress(zeros)
+    assert codec == common_pb2.COMPRESSION_LZ4 and len(payload) < len(zeros) // 50
+    assert compression.decompress(codec, payload, len(zeros)) == zeros
+    noise = np.random.default_rng(0).random(1 << 18, np.float32).tobytes()
+    assert compression.compress(noise) == (common_pb2.COMPRESSION_NONE, noise)
+    codec = ElementCodec(tf.TensorSpec([1024], tf.float32))
+    chunk, = codec.encode_chunks([[np.zeros(1024, np.float32)]] * 8, compress=True)
+    assert chunk.components[0].compression == common_pb2.COMPRESSION_LZ4
+    np.testing.assert_array_equal(codec.decode_chunk(chunk)[0], np.zeros((8, 1024), np.float32))
+
+
+def test_consumers_of_a_shared_job_may_use_either_compression(cluster):
+    source = tf.data.Dataset.range(200).map(lambda i: tf.fill([4096], i)).apply(testing.sleep(2000))
+    kinds = ["AUTO", None]
+
+    def read(i):
+        ds = source.apply(service.distribute("parallel_epochs", cluster.target, job_name="z",
+                                             compression=kinds[i]))
+        return [(int(x[0]), bool(np.all(x.numpy() == x[0].numpy()))) for x in ds]
+
+    parts = _in_threads(2, read)
+    assert all(parts)
+    assert sorted(v for v, _ in parts[0] + parts[1]) == list(range(200))
+    assert all(ok for _, ok in parts[0] + parts[1])
+
+
+# ---- flow control and memory -----------------------------------------------------
+
+
+def test_max_outstanding_requests_bounds_what_a_client_holds(cluster2):
+    dataset_id = service.register_dataset(cluster2.target, tf.data.Dataset.range(10**9)).numpy().decode()
+    codec = ElementCodec(tf.TensorSpec([], tf.int64))
+    job = JobSpec(dataset_id, common_pb2.SHARDING_POLICY_OFF, None, None, common_pb2.TARGET_WORKERS_AUTO)
+    reader = IterationReader(cluster2.address, job, 0, codec, max_outstanding=10, timeout_s=30,
+                             compression=common_pb2.COMPRESSION_AUTO)
+    try:
+        _wait_until(lambda: len(reader._streams) == 2 and reader._queue.qsize() > 0, 30, "no element arrived")
+        time.sleep(1.5)  # a consumer that does not read: workers must stop sending
+        held = sum(chunk[1] for chunk in list(reader._queue.queue))
+        assert 0 < held <= 10
+        assert sum(s.outstanding for s in reader._streams.values()) <= 10
+        got = []
+        for chunk in reader:
+            got.extend(chunk[0].tolist())
+            if len(got) >= 500:
+                break
+        assert len(got) >= 500, "reading on grants new credits"
+    finally:
+        reader.close()
+
+
+def _rss_mib(pid: int) -> float:
+    import psutil
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def test_slow_client_of_large_elements_keeps_worker_and_client_memory_flat(capsys):
+    with LocalCluster(num_workers=1) as cluster:
+        wait_for_workers(cluster.address, 1)
+        payload = tf.random.stateless_uniform([1 << 18], seed=[3, 4])  # 1 MiB of float32
+        ds = tf.data.Dataset.from_tensors(payload).repeat().apply(
+            service.distribute("parallel_epochs", cluster.target, max_outstanding_requests=8))
+        worker_pid, client_pid = cluster.workers[0].proc.pid, os.getpid()
+        samples = []
+        start = time.monotonic()
+        read = 0
+        for _ in ds:
+            read += 1
+            time.sleep(0.05)  # a slow trainer: 20 MiB/s
+            elapsed = time.monotonic() - start
+            if not samples or elapsed - samples[-1][0] >= 5 or elapsed >= 30:
+                samples.append((elapsed, _rss_mib(worker_pid), _rss_mib(client_pid)))
+            if elapsed >= 30:
+                break
+        with capsys.disabled():
+            print(f"\n  RSS over 30 s of slow 1 MiB reads ({read} elements): " + ", ".join(
+                f"t={t:.0f}s worker={w:.0f} MiB client={c:.0f} MiB" for t, w, c in samples))
+        _, worker_early, client_early = samples[1]
+        _, worker_late, client_late = samples[-1]
+        # The worker buffers at most 64 MiB, the client 8 elements: neither grows with time.
+        assert worker_late - worker_early < 48, samples
+        assert client_late - client_early < 48, samples
