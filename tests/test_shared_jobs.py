@@ -37,6 +37,9 @@ ds = tf.data.Dataset.range(args["n"]).apply(testing.sleep(args.get("sleep_us", 0
 if args.get("repeat"):
     ds = ds.repeat()
 ds = ds.apply(service.distribute("parallel_epochs", args["target"], **args["kwargs"]))
+if args.get("barrier"):  # start reading only when the test says so (all processes have imported TF)
+    print("READY", flush=True)
+    sys.stdin.readline()
 out = []
 for x in ds:
     out.append(int(x))
@@ -48,8 +51,18 @@ print("ELEMENTS " + json.dumps(out), flush=True)
 
 def _client_process(**args) -> subprocess.Popen:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
-    return subprocess.Popen([sys.executable, "-c", _CLIENT, json.dumps(args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen([sys.executable, "-c", _CLIENT, json.dumps(args)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _start_together(clients: list[subprocess.Popen]) -> None:
+    """Releases clients started with barrier=True once every one of them is ready to read, so that a
+    slow interpreter start cannot let one process drain a shared job before the other joins it."""
+    for proc in clients:
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()[-3000:]
+    for proc in clients:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
 
 
 def _elements(proc: subprocess.Popen, timeout_s: float = 120) -> list:
@@ -82,8 +95,9 @@ def _in_threads(count, target):
 
 def test_shared_job_divides_elements_between_client_processes(cluster):
     cluster.add_worker()
-    clients = [_client_process(n=300, sleep_us=5000, target=cluster.target, kwargs={"job_name": "shared"})
-               for _ in range(2)]
+    clients = [_client_process(n=300, sleep_us=5000, barrier=True, target=cluster.target,
+                               kwargs={"job_name": "shared"}) for _ in range(2)]
+    _start_together(clients)
     parts = [_elements(p) for p in clients]
     assert all(parts), "both processes got elements"
     # Two workers each produce range(300) once (parallel_epochs); each element goes to one consumer.
