@@ -42,8 +42,11 @@ class ElementCodec:
         """An element from a tf.data iterator as numpy arrays, one per component."""
         if self._single_tensor:
             return [np.asarray(element.numpy(), dtype=object if self.is_string[0] else None)]
-        flat = tf.nest.flatten(element, expand_composites=True)
-        return [np.asarray(t.numpy(), dtype=object if s else None) for t, s in zip(flat, self.is_string)]
+        return self.tensors_to_components(tf.nest.flatten(element, expand_composites=True))
+
+    def tensors_to_components(self, tensors: Sequence[tf.Tensor]) -> Components:
+        """The element's component tensors (flattened, composites expanded) as numpy arrays."""
+        return [np.asarray(t.numpy(), dtype=object if s else None) for t, s in zip(tensors, self.is_string)]
 
     @staticmethod
     def nbytes(components: Components) -> int:

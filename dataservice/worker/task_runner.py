@@ -17,6 +17,7 @@ from typing import Callable, Deque, List, Optional, Tuple
 import tensorflow as tf
 
 from dataservice.wire import Components, ElementCodec
+from dataservice.worker.element_iterator import iterate_components
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,7 @@ class TaskRunner:
 
     def _produce(self) -> None:
         try:
-            for element in self._make_dataset():
-                components = self.codec.to_components(element)
+            for components in iterate_components(self._make_dataset(), self.codec):
                 size = self.codec.nbytes(components)
                 with self._cond:
                     while not self._stopped and self._buffer and (
