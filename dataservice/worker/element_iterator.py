@@ -8,11 +8,16 @@ on a 2-core machine: 12,000 vs 20,500 scalar elements/s). When every
 component is a plain tensor, the op is called directly and its outputs are
 the components; composite elements (ragged, sparse), whose iterator outputs
 are variant encodings, go through the ordinary iterator.
+
+The iterator is an object rather than a generator so that its owner decides
+when the pipeline's tf.data iterator is destroyed: with autotune on, that
+destruction can block for a second or more (TensorFlow waits for its model
+optimization), and the end of a task must not wait for it.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Optional
 
 import tensorflow as tf
 from tensorflow.python.ops import gen_dataset_ops
@@ -24,20 +29,26 @@ def _plain_tensors(element_spec) -> bool:
     return all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec))  # noqa: E721
 
 
-def iterate_components(dataset: tf.data.Dataset, codec: ElementCodec) -> Iterator[Components]:
+class ComponentIterator:
     """The dataset's elements, each as the codec's list of numpy arrays."""
-    iterator = iter(dataset)
-    resource = getattr(iterator, "_iterator_resource", None)
-    if resource is None or not _plain_tensors(dataset.element_spec):
-        for element in iterator:
-            yield codec.to_components(element)
-        return
-    # `iterator` owns the pipeline's resources: it lives as long as this generator.
-    types = [spec.dtype for spec in codec.component_specs]
-    shapes = [spec.shape for spec in codec.component_specs]
-    while True:
+
+    def __init__(self, dataset: tf.data.Dataset, codec: ElementCodec):
+        self._codec = codec
+        self._iterator = iter(dataset)
+        resource = getattr(self._iterator, "_iterator_resource", None)
+        self._resource: Optional[tf.Tensor] = resource if _plain_tensors(dataset.element_spec) else None
+        self._types = [spec.dtype for spec in codec.component_specs]
+        self._shapes = [spec.shape for spec in codec.component_specs]
+
+    def __iter__(self) -> "ComponentIterator":
+        return self
+
+    def __next__(self) -> Components:
+        if self._resource is None:
+            return self._codec.to_components(next(self._iterator))
         try:
-            tensors = gen_dataset_ops.iterator_get_next(resource, output_types=types, output_shapes=shapes)
+            tensors = gen_dataset_ops.iterator_get_next(
+                self._resource, output_types=self._types, output_shapes=self._shapes)
         except tf.errors.OutOfRangeError:
-            return
-        yield codec.tensors_to_components(tensors)
+            raise StopIteration from None
+        return self._codec.tensors_to_components(tensors)

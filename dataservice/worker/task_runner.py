@@ -17,7 +17,7 @@ from typing import Callable, Deque, List, Optional, Tuple
 import tensorflow as tf
 
 from dataservice.wire import Components, ElementCodec
-from dataservice.worker.element_iterator import iterate_components
+from dataservice.worker.element_iterator import ComponentIterator
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ class TaskRunner:
 
     def _produce(self) -> None:
         try:
-            for components in iterate_components(self._make_dataset(), self.codec):
+            elements = ComponentIterator(self._make_dataset(), self.codec)
+            for components in elements:
                 size = self.codec.nbytes(components)
                 with self._cond:
                     while not self._stopped and self._buffer and (
@@ -75,6 +76,9 @@ class TaskRunner:
         with self._cond:
             self._exhausted = True
             self._cond.notify_all()
+        # Only now, with the end already visible to clients, is the pipeline's
+        # iterator destroyed (which can block: see element_iterator).
+        del elements
 
     def take(self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0) -> Tuple[List[Components], bool]:
         """Up to `max_elements` elements (at least one, at most about `max_bytes`), and
