@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 import yaml
 
+from dataservice import malloc_tuning
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher.server import DispatchServer
 from dataservice.worker.server import WorkerServer
@@ -97,6 +98,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.role == "worker":
+        malloc_tuning.keep_freed_memory()
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
