@@ -7,11 +7,15 @@ so a small sample is tried first and such tensors go out raw.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Tuple, Union
 
 import lz4.block
+import numpy as np
 
 from dataservice.v1 import common_pb2
+
+# Anything with the buffer protocol and a length in bytes: bytes, memoryview, 1-D uint8 arrays.
+BytesLike = Union[bytes, memoryview, np.ndarray]
 
 # Tensors smaller than this go raw: the header and the call cost more than they save.
 MIN_COMPRESS_BYTES = 4096
@@ -20,7 +24,7 @@ SAMPLE_BYTES = 64 * 1024
 MAX_RATIO = 0.8
 
 
-def compress(data: bytes) -> Tuple[int, bytes]:
+def compress(data: BytesLike) -> Tuple[int, BytesLike]:
     """(codec, payload): LZ4 when the data compresses well, else the data as it is."""
     if len(data) < MIN_COMPRESS_BYTES:
         return common_pb2.COMPRESSION_NONE, data
@@ -34,7 +38,7 @@ def compress(data: bytes) -> Tuple[int, bytes]:
     return common_pb2.COMPRESSION_LZ4, compressed
 
 
-def decompress(codec: int, payload: bytes, uncompressed_size: int) -> bytes:
+def decompress(codec: int, payload: BytesLike, uncompressed_size: int) -> BytesLike:
     if codec in (common_pb2.COMPRESSION_AUTO, common_pb2.COMPRESSION_NONE):  # unset reads as AUTO: raw
         return payload
     if codec == common_pb2.COMPRESSION_LZ4:

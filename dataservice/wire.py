@@ -1,29 +1,82 @@
-"""Elements on the wire: tensors as raw buffers plus dtype and shape.
+"""Elements on the wire: frames of a protobuf header and raw tensor buffers.
 
-No TensorProto is built per element. Composite tensors (sparse, ragged) travel
-as their component tensors, in tf.nest.flatten(expand_composites=True) order,
-and are rebuilt inside tf.data on the client. When every component has a fully
-defined shape, consecutive elements are stacked into one chunk so that the
-client hands tf.data a few large arrays instead of many small ones.
+A data message (a StreamElements or GetElement response) is a frame:
+
+    u32 little-endian header size | header (the response proto) | buffers
+
+The header lists the chunks and, for each tensor, its dtype, shape and buffer
+size; the buffers follow in chunk, then component order, each at an offset
+that is a multiple of 8 from the frame's start. The worker builds a frame
+with one copy (joining the header and the arrays' memory) and the client
+reads each tensor as a numpy view of the received bytes: no tensor byte goes
+through protobuf, and no TensorProto is built per element.
+
+Composite tensors (sparse, ragged) travel as their component tensors, in
+tf.nest.flatten(expand_composites=True) order, and are rebuilt inside tf.data
+on the client. When every component has a fully defined shape, consecutive
+elements are stacked into one chunk so that the client hands tf.data a few
+large arrays instead of many small ones.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Sequence
+import struct
+from typing import Any, List, Sequence, Tuple, Type, TypeVar, Union
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf.message import Message
 
 from dataservice import compression
 from dataservice.v1 import common_pb2
 
 Components = List[np.ndarray]
+# A tensor's bytes on their way into a frame: bytes, or a 1-D uint8 array viewing the tensor.
+Buffer = Union[bytes, np.ndarray]
+Header = TypeVar("Header", bound=Message)
+
+_HEADER_SIZE = struct.Struct("<I")
+_ALIGNMENT = 8
+_PADDING = bytes(_ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=None)
 def numpy_dtype(dtype_enum: int) -> np.dtype:
     return np.dtype(tf.dtypes.as_dtype(dtype_enum).as_numpy_dtype)
+
+
+def frame(header: Message, buffers: Sequence[Buffer] = ()) -> bytes:
+    """The header and the buffers as one message (the only copy of the buffers' bytes)."""
+    head = header.SerializeToString()
+    parts: List[Buffer] = [_HEADER_SIZE.pack(len(head)), head]
+    offset = _HEADER_SIZE.size + len(head)
+    for buffer in buffers:
+        padding = -offset % _ALIGNMENT
+        if padding:
+            parts.append(_PADDING[:padding])
+        parts.append(buffer)
+        offset += padding + len(buffer)
+    return b"".join(parts)
+
+
+def unframe(data: bytes, header_type: Type[Header]) -> Tuple[Header, int]:
+    """The frame's header and the offset of its first buffer."""
+    if len(data) < _HEADER_SIZE.size:
+        raise ValueError(f"a data message of {len(data)} bytes is too short to be a frame")
+    (size,) = _HEADER_SIZE.unpack_from(data)
+    end = _HEADER_SIZE.size + size
+    if end > len(data):
+        raise ValueError(f"a frame's header claims {size} bytes but the message has {len(data)}")
+    return header_type.FromString(memoryview(data)[_HEADER_SIZE.size:end]), end
+
+
+def _take(data: bytes, offset: int, size: int) -> Tuple[memoryview, int]:
+    """The buffer of `size` bytes at the next aligned offset, and the offset after it."""
+    start = offset + (-offset % _ALIGNMENT)
+    if start + size > len(data):
+        raise ValueError(f"a frame of {len(data)} bytes ends inside a buffer ({size} bytes at {start})")
+    return memoryview(data)[start:start + size], start + size
 
 
 class ElementCodec:
@@ -37,6 +90,13 @@ class ElementCodec:
         # Stacking needs equal shapes across elements.
         self.stackable = all(spec.shape.is_fully_defined() for spec in self.component_specs)
         self._single_tensor = isinstance(element_spec, tf.TensorSpec)
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one element when every component has a fixed shape and size (else 0)."""
+        if not self.stackable or any(self.is_string):
+            return 0
+        return sum(spec.shape.num_elements() * spec.dtype.size for spec in self.component_specs)
 
     def to_components(self, element: Any) -> Components:
         """An element from a tf.data iterator as numpy arrays, one per component."""
@@ -58,54 +118,66 @@ class ElementCodec:
                 total += array.nbytes
         return total
 
-    def encode_chunks(self, elements: Sequence[Components], compress: bool = False) -> List[common_pb2.ElementChunk]:
-        """Elements as chunks: one stacked chunk when stackable, else one chunk per element.
-        `compress`: each tensor buffer is compressed where that pays off."""
+    # ---- encoding (workers) ----------------------------------------------
+
+    def encode(self, elements: Sequence[Components], compress: bool = False
+               ) -> Tuple[List[common_pb2.ElementChunk], List[Buffer]]:
+        """Elements as chunks (one stacked chunk when stackable, else one chunk per
+        element) and the buffers that follow them in a frame. `compress`: each
+        buffer is compressed where that pays off."""
         if not elements:
-            return []
-        if self.stackable and len(elements) > 1:
-            stacked = [np.stack([e[i] for e in elements]) for i in range(len(self.component_specs))]
-            return [self._chunk(len(elements), stacked, compress)]
+            return [], []
         if self.stackable:
-            return [self._chunk(1, [a[np.newaxis] for a in elements[0]], compress)]
-        return [self._chunk(1, e, compress) for e in elements]
-
-    def _chunk(self, num_elements: int, components: Components, compress: bool) -> common_pb2.ElementChunk:
-        chunk = common_pb2.ElementChunk(num_elements=num_elements)
-        for array, dtype_enum, is_string in zip(components, self.dtype_enums, self.is_string):
-            tensor = chunk.components.add(dtype=dtype_enum, shape=array.shape)
-            if is_string:
-                flat = array.reshape(-1)
-                data = b"".join(flat)
-                tensor.string_lengths.extend(len(x) for x in flat)
+            if len(elements) == 1:
+                stacked = [a[np.newaxis] for a in elements[0]]
             else:
-                data = np.ascontiguousarray(array).tobytes()
-            if compress:
-                codec, payload = compression.compress(data)
-                if codec != common_pb2.COMPRESSION_NONE:
-                    tensor.compression = codec
-                    tensor.uncompressed_size = len(data)
-                    data = payload
-            tensor.data = data
-        return chunk
+                stacked = [np.stack([e[i] for e in elements]) for i in range(len(self.component_specs))]
+            groups = [(len(elements), stacked)]
+        else:
+            groups = [(1, e) for e in elements]
+        chunks, buffers = [], []
+        for num_elements, components in groups:
+            chunk = common_pb2.ElementChunk(num_elements=num_elements)
+            for array, dtype_enum, is_string in zip(components, self.dtype_enums, self.is_string):
+                tensor = chunk.components.add(dtype=dtype_enum, shape=array.shape)
+                if is_string:
+                    flat = array.reshape(-1)
+                    buffer: Buffer = b"".join(flat)
+                    tensor.string_lengths.extend(len(x) for x in flat)
+                else:
+                    buffer = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+                if compress:
+                    codec, payload = compression.compress(buffer)
+                    if codec != common_pb2.COMPRESSION_NONE:
+                        tensor.compression = codec
+                        tensor.uncompressed_size = len(buffer)
+                        buffer = payload
+                tensor.size = len(buffer)
+                buffers.append(buffer)
+            chunks.append(chunk)
+        return chunks, buffers
 
-    def decode_chunk(self, chunk: common_pb2.ElementChunk) -> tuple:
-        """The chunk's components as numpy arrays; stacked chunks keep their leading dimension."""
+    # ---- decoding (clients) ----------------------------------------------
+
+    def decode(self, chunk: common_pb2.ElementChunk, data: bytes, offset: int) -> Tuple[tuple, int]:
+        """The chunk's components as numpy arrays (views of `data` unless compressed or
+        strings; stacked chunks keep their leading dimension), and the offset of the
+        frame's next buffer."""
+        if len(chunk.components) != len(self.component_specs):
+            raise ValueError(f"a chunk has {len(chunk.components)} components but the element spec has "
+                             f"{len(self.component_specs)}")
         out = []
         for tensor, is_string in zip(chunk.components, self.is_string):
             shape = tuple(tensor.shape)
-            data = compression.decompress(tensor.compression, tensor.data, tensor.uncompressed_size)
+            buffer, offset = _take(data, offset, tensor.size)
+            buffer = compression.decompress(tensor.compression, buffer, tensor.uncompressed_size)
             if is_string:
                 array = np.empty(len(tensor.string_lengths), dtype=object)
-                offset = 0
+                start = 0
                 for i, length in enumerate(tensor.string_lengths):
-                    array[i] = data[offset : offset + length]
-                    offset += length
+                    array[i] = bytes(buffer[start:start + length])
+                    start += length
                 out.append(array.reshape(shape))
             else:
-                out.append(np.frombuffer(data, dtype=numpy_dtype(tensor.dtype)).reshape(shape))
-        if len(out) != len(self.component_specs):
-            raise ValueError(
-                f"a chunk has {len(out)} components but the element spec has {len(self.component_specs)}"
-            )
-        return tuple(out)
+                out.append(np.frombuffer(buffer, dtype=numpy_dtype(tensor.dtype)).reshape(shape))
+        return tuple(out), offset

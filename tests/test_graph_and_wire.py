@@ -5,6 +5,8 @@ import pytest
 import tensorflow as tf
 
 from dataservice import graph as graph_lib
+from dataservice import wire
+from dataservice.v1 import common_pb2, worker_pb2
 from dataservice.wire import ElementCodec
 
 
@@ -40,12 +42,19 @@ def test_datasets_as_elements_are_refused():
         graph_lib.check_element_spec(ds.element_spec)
 
 
-def _roundtrip(spec, elements):
+def _roundtrip(spec, elements, compress=False):
+    """Encodes the elements into a frame and decodes them from it, as a worker and a client do."""
     codec = ElementCodec(spec)
     components = [codec.to_components(e) for e in elements]
-    chunks = codec.encode_chunks(components)
-    decoded = [codec.decode_chunk(type(c).FromString(c.SerializeToString())) for c in chunks]
-    return codec, chunks, decoded
+    chunks, buffers = codec.encode(components, compress)
+    data = wire.frame(worker_pb2.StreamElementsResponse(chunks=chunks), buffers)
+    header, offset = wire.unframe(data, worker_pb2.StreamElementsResponse)
+    decoded = []
+    for chunk in header.chunks:
+        arrays, offset = codec.decode(chunk, data, offset)
+        decoded.append(arrays)
+    assert offset == len(data)
+    return codec, list(header.chunks), decoded
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.int8, tf.uint16, tf.int64, tf.bool, tf.bfloat16,
@@ -79,3 +88,35 @@ def test_ragged_travels_as_components():
     codec, chunks, decoded = _roundtrip(tf.RaggedTensorSpec([3, None], tf.int32, ragged_rank=1), [element])
     values, splits = decoded[0]
     assert values.tolist() == [1, 2, 3] and splits.tolist() == [0, 2, 2, 3]
+
+
+def test_frames_carry_buffers_aligned_and_decode_as_views():
+    spec = (tf.TensorSpec([3], tf.int8), tf.TensorSpec([2], tf.float64), tf.TensorSpec([], tf.string))
+    elements = [(tf.constant([1, 2, 3], tf.int8), tf.constant([0.5, i], tf.float64), tf.constant(b"s" * i))
+                for i in range(3)]
+    codec, chunks, decoded = _roundtrip(spec, elements)
+    small, floats, strings = decoded[0]
+    assert floats.ctypes.data % 8 == 0 and not floats.flags.writeable and floats.base is not None
+    np.testing.assert_array_equal(floats, [[0.5, 0], [0.5, 1], [0.5, 2]])
+    assert small.tolist() == [[1, 2, 3]] * 3 and strings.tolist() == [b"", b"s", b"ss"]
+
+
+def test_compressed_buffers_round_trip_through_a_frame():
+    elements = [tf.zeros([4096], tf.float32), tf.ones([4096], tf.float32)]
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([4096], tf.float32), elements, compress=True)
+    tensor = chunks[0].components[0]
+    assert tensor.compression == common_pb2.COMPRESSION_LZ4 and tensor.size < tensor.uncompressed_size // 50
+    np.testing.assert_array_equal(decoded[0][0], np.stack([np.zeros(4096), np.ones(4096)]))
+
+
+def test_a_truncated_frame_is_an_error_not_garbage():
+    codec = ElementCodec(tf.TensorSpec([256], tf.int64))
+    chunks, buffers = codec.encode([[np.arange(256)]])
+    data = wire.frame(worker_pb2.StreamElementsResponse(chunks=chunks), buffers)
+    header, offset = wire.unframe(data[:-8], worker_pb2.StreamElementsResponse)
+    with pytest.raises(ValueError, match="ends inside a buffer"):
+        codec.decode(header.chunks[0], data[:-8], offset)
+    with pytest.raises(ValueError, match="too short"):
+        wire.unframe(b"\x01", worker_pb2.StreamElementsResponse)
+    with pytest.raises(ValueError, match="claims"):
+        wire.unframe(data[:6], worker_pb2.StreamElementsResponse)

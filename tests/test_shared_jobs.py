@@ -309,9 +309,9 @@ def test_auto_compression_compresses_only_what_shrinks():
     noise = np.random.default_rng(0).random(1 << 18, np.float32).tobytes()
     assert compression.compress(noise) == (common_pb2.COMPRESSION_NONE, noise)
     codec = ElementCodec(tf.TensorSpec([1024], tf.float32))
-    chunk, = codec.encode_chunks([[np.zeros(1024, np.float32)]] * 8, compress=True)
-    assert chunk.components[0].compression == common_pb2.COMPRESSION_LZ4
-    np.testing.assert_array_equal(codec.decode_chunk(chunk)[0], np.zeros((8, 1024), np.float32))
+    (chunk,), (buffer,) = codec.encode([[np.zeros(1024, np.float32)]] * 8, compress=True)
+    assert chunk.components[0].compression == common_pb2.COMPRESSION_LZ4 and len(buffer) < 1024
+    np.testing.assert_array_equal(codec.decode(chunk, bytes(buffer), 0)[0][0], np.zeros((8, 1024), np.float32))
 
 
 def test_consumers_of_a_shared_job_may_use_either_compression(cluster):

@@ -32,6 +32,8 @@ DatasetId = Union[str, bytes, int, tf.Tensor]
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 MAX_DEFAULT_BUDGET = 16384
 DEFAULT_VARIABLE_BUDGET = 256
+# Fixed-size elements of at least this many bytes are handed to tf.data one at a time.
+PER_ELEMENT_BYTES = 256 * 1024
 
 
 def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
@@ -137,10 +139,9 @@ class _ReadOptions:
         as many as fit DEFAULT_BUFFER_BYTES when element sizes are known."""
         if self.max_outstanding_requests is not None:
             return self.max_outstanding_requests
-        if not codec.stackable or any(codec.is_string):
+        if not codec.element_bytes:
             return DEFAULT_VARIABLE_BUDGET
-        element_bytes = sum(spec.shape.num_elements() * spec.dtype.size for spec in codec.component_specs)
-        return max(2, min(MAX_DEFAULT_BUDGET, DEFAULT_BUFFER_BYTES // max(1, element_bytes)))
+        return max(2, min(MAX_DEFAULT_BUDGET, DEFAULT_BUFFER_BYTES // codec.element_bytes))
 
 
 def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinality: int,
@@ -151,8 +152,17 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
     job = JobSpec(dataset_id, int(options.sharding_policy), options.job_name, options.num_consumers,
                   options.target_workers)
     budget = options.element_budget(codec)
+    # Small fixed-size elements reach tf.data as stacked chunks that tf.data unbatches: one
+    # Python call per chunk, not per element. Large ones go one a call: unbatching would copy them once more.
+    stacked = codec.stackable and codec.element_bytes < PER_ELEMENT_BYTES
+    # Composite components (ragged, sparse) are rebuilt inside tf.data; plain tensors are
+    # yielded in the element's own structure.
+    composite = not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(element_spec))
     # Each pass over the dataset is the next repetition: a new iteration of a named job.
     repetitions = itertools.count()
+
+    def structure(components: tuple) -> Any:
+        return components if composite else tf.nest.pack_sequence_as(element_spec, list(components))
 
     def generate():
         if options.num_consumers is not None:
@@ -161,19 +171,24 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
         else:
             reader = IterationReader(address, job, next(repetitions), codec, budget, options.timeout_s, compression)
         try:
-            yield from reader
+            for chunk in reader:
+                if stacked or not codec.stackable:
+                    yield structure(chunk)
+                else:
+                    for i in range(len(chunk[0])):
+                        yield structure(tuple(component[i] for component in chunk))
         finally:
             reader.close()
 
-    if codec.stackable:
-        signature = tuple(tf.TensorSpec([None, *s.shape], s.dtype) for s in codec.component_specs)
-    else:
-        signature = tuple(codec.component_specs)
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    if codec.stackable:
+    specs = tuple(codec.component_specs) if composite else element_spec
+    if stacked:
+        specs = tf.nest.map_structure(lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), specs)
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=specs)
+    if stacked:
         dataset = dataset.unbatch()
-    dataset = dataset.map(lambda *components: tf.nest.pack_sequence_as(
-        element_spec, list(components), expand_composites=True))
+    if composite:
+        dataset = dataset.map(lambda *components: tf.nest.pack_sequence_as(
+            element_spec, list(components), expand_composites=True))
     if cardinality == tf.data.INFINITE_CARDINALITY:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     return dataset

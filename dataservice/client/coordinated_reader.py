@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import grpc
 import tensorflow as tf
 
-from dataservice import rpc
+from dataservice import data_transfer, rpc, wire
 from dataservice.client.session import IterationSession, JobSpec
-from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2, worker_pb2_grpc
+from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.wire import ElementCodec
 
 
@@ -39,7 +39,7 @@ class CoordinatedReader:
         self._iteration_finished = False
         self._error: Optional[BaseException] = None
         self._changed = threading.Condition()
-        self._stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
+        self._stubs: Dict[str, data_transfer.WorkerDataStub] = {}
         self._channels: List[grpc.Channel] = []
         self.session = IterationSession(dispatcher_address, job, repetition, timeout_s,
                                         on_heartbeat=self._on_heartbeat, on_error=self._fail,
@@ -65,13 +65,14 @@ class CoordinatedReader:
             task = self._task_of_round(self._round)
             if task is None:
                 return
-            response = self._read(task, self._round)
+            read = self._read(task, self._round)
             self._round += 1
-            if response is None:
+            if read is None:
                 continue  # the task's worker was lost: everyone skips its rounds
+            response, data, offset = read
             if response.end_of_sequence:
                 return
-            yield self.codec.decode_chunk(response.chunk)
+            yield self.codec.decode(response.chunk, data, offset)[0]
 
     def _task_of_round(self, round_index: int) -> Optional[common_pb2.TaskInfo]:
         """The task serving the round (lost ones included: their rounds are skipped, which
@@ -97,8 +98,10 @@ class CoordinatedReader:
                 if self.session.stopped.is_set():
                     return None
 
-    def _read(self, task: common_pb2.TaskInfo, round_index: int) -> Optional[worker_pb2.GetElementResponse]:
-        """The consumer's element of the round; None when the task's worker is lost."""
+    def _read(self, task: common_pb2.TaskInfo, round_index: int
+              ) -> Optional[Tuple[worker_pb2.GetElementResponse, bytes, int]]:
+        """The consumer's element of the round (the frame's header, the frame and the offset of
+        its first buffer); None when the task's worker is lost."""
         request = worker_pb2.GetElementRequest(
             task_id=task.task_id, iteration_client_id=self.client_id, consumer_index=self._consumer_index,
             round=round_index, compression=self._compression)
@@ -108,7 +111,7 @@ class CoordinatedReader:
             if self._task_lost(task.task_id):
                 return None
             try:
-                response = stub.GetElement(request, timeout=30)
+                data = stub.GetElement(request, timeout=30)
             except grpc.RpcError as e:
                 if e.code() not in rpc.RETRYABLE_CODES and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise rpc.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
@@ -120,9 +123,10 @@ class CoordinatedReader:
                                              f"worker {task.worker_address}") from None
                 self.session.wake()
                 continue
+            response, offset = wire.unframe(data, worker_pb2.GetElementResponse)
             if response.not_ready:
                 continue  # the other consumers have not reached this round yet
-            return response
+            return response, data, offset
         return None
 
     def _task_lost(self, task_id: int) -> bool:
@@ -130,12 +134,12 @@ class CoordinatedReader:
             task = self._tasks.get(task_id)
             return task is not None and task.finished
 
-    def _stub(self, address: str) -> worker_pb2_grpc.WorkerServiceStub:
+    def _stub(self, address: str) -> data_transfer.WorkerDataStub:
         stub = self._stubs.get(address)
         if stub is None:
             channel = rpc.make_channel(address)
             self._channels.append(channel)
-            stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
+            stub = self._stubs[address] = data_transfer.WorkerDataStub(channel)
         return stub
 
     def close(self) -> None:

@@ -20,9 +20,9 @@ from typing import Dict, Iterator, Optional
 import grpc
 import tensorflow as tf
 
-from dataservice import rpc
+from dataservice import data_transfer, rpc, wire
 from dataservice.client.session import IterationSession, JobSpec
-from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2, worker_pb2_grpc
+from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.wire import ElementCodec
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class _TaskStream:
         self.granted = 0
         self.received = 0
         self._channel = rpc.make_channel(task.transfer_address)
-        self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        self._stub = data_transfer.WorkerDataStub(self._channel)
         self._thread = threading.Thread(target=self._run, name=f"stream-task-{task.task_id}", daemon=True)
         self._thread.start()
 
@@ -193,10 +193,12 @@ class _TaskStream:
                     break
                 self._call = self._stub.StreamElements(self._requests())
             try:
-                for response in self._call:
+                for data in self._call:
+                    response, offset = wire.unframe(data, worker_pb2.StreamElementsResponse)
                     for chunk in response.chunks:
+                        components, offset = reader.codec.decode(chunk, data, offset)
                         self.received += chunk.num_elements
-                        reader.put(self, chunk.num_elements, reader.codec.decode_chunk(chunk))
+                        reader.put(self, chunk.num_elements, components)
                     if response.end_of_sequence:
                         reader.stream_ended(self)
                         return

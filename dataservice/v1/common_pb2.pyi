@@ -95,20 +95,20 @@ class TaskInfo(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., finished: _Optional[bool] = ..., starting_round: _Optional[int] = ...) -> None: ...
 
 class TensorData(_message.Message):
-    __slots__ = ("dtype", "shape", "data", "string_lengths", "compression", "uncompressed_size")
+    __slots__ = ("dtype", "shape", "string_lengths", "compression", "uncompressed_size", "size")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
     STRING_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
     dtype: int
     shape: _containers.RepeatedScalarFieldContainer[int]
-    data: bytes
     string_lengths: _containers.RepeatedScalarFieldContainer[int]
     compression: Compression
     uncompressed_size: int
-    def __init__(self, dtype: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., string_lengths: _Optional[_Iterable[int]] = ..., compression: _Optional[_Union[Compression, str]] = ..., uncompressed_size: _Optional[int] = ...) -> None: ...
+    size: int
+    def __init__(self, dtype: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., string_lengths: _Optional[_Iterable[int]] = ..., compression: _Optional[_Union[Compression, str]] = ..., uncompressed_size: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class ElementChunk(_message.Message):
     __slots__ = ("num_elements", "components")

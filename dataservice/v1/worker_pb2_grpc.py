@@ -66,6 +66,8 @@ class WorkerServiceServicer:
         many more elements it can hold); the worker sends at most that many, as
         many per response as fit its size budget. The stream ends after a
         response with end_of_sequence set.
+        Each response is a frame: a StreamElementsResponse header followed by
+        its tensors' buffers (dataservice/wire.py), not a plain serialized message.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -73,6 +75,7 @@ class WorkerServiceServicer:
 
     def GetElement(self, request, context):
         """Coordinated reads: consumer `consumer_index`'s element of one round.
+        The response is a frame with a GetElementResponse header, as above.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -17,9 +17,9 @@ import grpc
 import tensorflow as tf
 
 from dataservice import graph as graph_lib
-from dataservice import rpc, server_util, sharding, splits
+from dataservice import data_transfer, rpc, server_util, sharding, splits, wire
 from dataservice.config import WorkerConfig
-from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2, worker_pb2_grpc
+from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
 from dataservice.wire import ElementCodec
 from dataservice.worker.split_fetcher import SplitFetcher
 from dataservice.worker.round_robin import RoundRobinServer
@@ -51,7 +51,9 @@ def _grpc_code(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
+class _WorkerService:
+    """The WorkerService methods; StreamElements and GetElement answer frames (wire.py)."""
+
     def __init__(self, worker: "WorkerServer"):
         self._worker = worker
 
@@ -70,7 +72,7 @@ class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
         if runner is None:
             if request.task_id in worker.finished_tasks:
-                yield worker_pb2.StreamElementsResponse(end_of_sequence=True)
+                yield wire.frame(worker_pb2.StreamElementsResponse(end_of_sequence=True))
                 return
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           f"worker {worker.address} has no task {request.task_id} (yet)")
@@ -96,11 +98,11 @@ class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 credits.spend(len(elements))
                 if done:
                     worker.report_finished(request.task_id)
-                    yield worker_pb2.StreamElementsResponse(
-                        chunks=runner.codec.encode_chunks(elements, compress), end_of_sequence=True)
-                    return
-                if elements:
-                    yield worker_pb2.StreamElementsResponse(chunks=runner.codec.encode_chunks(elements, compress))
+                if elements or done:
+                    chunks, buffers = runner.codec.encode(elements, compress)
+                    yield wire.frame(worker_pb2.StreamElementsResponse(chunks=chunks, end_of_sequence=done), buffers)
+                    if done:
+                        return
                 elif runner.stopped:
                     context.abort(grpc.StatusCode.CANCELLED, _stopped_message(request.task_id))
         finally:
@@ -111,7 +113,7 @@ class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
         if runner is None:
             if request.task_id in worker.finished_tasks:
-                return worker_pb2.GetElementResponse(end_of_sequence=True)
+                return wire.frame(worker_pb2.GetElementResponse(end_of_sequence=True))
             context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {worker.address} has no task {request.task_id} (yet)")
         rounds = worker.round_robin(request.task_id)
         if rounds is None:
@@ -124,13 +126,13 @@ class _WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
             context.abort(_grpc_code(e), _pipeline_error(request.task_id, worker.address, e))
         if end:
-            return worker_pb2.GetElementResponse(end_of_sequence=True)
+            return wire.frame(worker_pb2.GetElementResponse(end_of_sequence=True))
         if element is None:
             if runner.stopped:
                 context.abort(grpc.StatusCode.CANCELLED, _stopped_message(request.task_id))
-            return worker_pb2.GetElementResponse(not_ready=True)
-        chunk, = runner.codec.encode_chunks([element], request.compression == common_pb2.COMPRESSION_AUTO)
-        return worker_pb2.GetElementResponse(chunk=chunk)
+            return wire.frame(worker_pb2.GetElementResponse(not_ready=True))
+        (chunk,), buffers = runner.codec.encode([element], request.compression == common_pb2.COMPRESSION_AUTO)
+        return wire.frame(worker_pb2.GetElementResponse(chunk=chunk), buffers)
 
 
 def _pipeline_error(task_id: int, address: str, error: BaseException) -> str:
@@ -196,7 +198,7 @@ class WorkerServer:
         self._server = server_util.new_server(max_workers=64)
         self._port = server_util.bind(self._server, config.port)
         self.address = config.worker_address.replace("%port%", str(self._port))
-        worker_pb2_grpc.add_WorkerServiceServicer_to_server(_WorkerService(self), self._server)
+        data_transfer.add_worker_service(self._server, _WorkerService(self))
         self._dispatcher = dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(config.dispatcher_address))
         self._lock = threading.Lock()
         self._tasks_changed = threading.Condition(self._lock)
