@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from dataservice import graph as graph_lib
 from dataservice import modes, rpc, splits
+from dataservice.client.channels import channels
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
@@ -44,8 +45,6 @@ def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
     return dispatcher_timeout_ms / 1000
 
 
-def _dispatcher(address: str) -> dispatcher_pb2_grpc.DispatcherServiceStub:
-    return dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(address))
 
 
 def _dataset_id_str(dataset_id: DatasetId) -> str:
@@ -61,8 +60,9 @@ def _dataset_id_str(dataset_id: DatasetId) -> str:
 
 
 def _register(address: str, dataset: tf.data.Dataset, compression: Optional[str], requested: str,
-              timeout_s: float, splittable: bool = False) -> str:
-    """Checks the pipeline (splittable: also for distributed_epoch), serializing it once, and registers it."""
+              timeout_s: float, splittable: bool = False, prepare_workers: bool = False) -> str:
+    """Checks the pipeline (splittable: also for distributed_epoch), serializing it once, and registers it.
+    `prepare_workers`: it is about to be read whole on every worker, which can prepare it."""
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
     metadata = common_pb2.DatasetMetadata(
@@ -76,11 +76,13 @@ def _register(address: str, dataset: tf.data.Dataset, compression: Optional[str]
     if splittable:
         # Refuse an unsplittable pipeline here, not at the first element.
         splits.find_sources(graph)
-    response = rpc.call(
-        _dispatcher(address).RegisterDataset,
-        dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=metadata, requested_dataset_id=requested),
-        server=f"dispatcher at {address}", what="registering a dataset", timeout_s=timeout_s,
-    )
+    with channels.holding(address) as channel:
+        response = rpc.call(
+            dispatcher_pb2_grpc.DispatcherServiceStub(channel).RegisterDataset,
+            dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=metadata,
+                                                  requested_dataset_id=requested, prepare_workers=prepare_workers),
+            server=f"dispatcher at {address}", what="registering a dataset", timeout_s=timeout_s,
+        )
     return response.dataset_id
 
 
@@ -212,12 +214,13 @@ def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: 
     cardinality = tf.data.UNKNOWN_CARDINALITY
     compression = common_pb2.COMPRESSION_AUTO
     if element_spec is None:
-        metadata = rpc.call(
-            _dispatcher(address).GetDataServiceMetadata,
-            dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id),
-            server=f"dispatcher at {address}", what=f"fetching the element spec of dataset {dataset_id!r}",
-            timeout_s=options.timeout_s,
-        ).metadata
+        with channels.holding(address) as channel:
+            metadata = rpc.call(
+                dispatcher_pb2_grpc.DispatcherServiceStub(channel).GetDataServiceMetadata,
+                dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id),
+                server=f"dispatcher at {address}", what=f"fetching the element spec of dataset {dataset_id!r}",
+                timeout_s=options.timeout_s,
+            ).metadata
         element_spec = graph_lib.decode_element_spec(metadata.element_spec)
         cardinality = metadata.cardinality
         compression = metadata.compression
@@ -241,7 +244,8 @@ def distribute(processing_mode: Union[str, modes.ShardingPolicy], service: Servi
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
         options.check_cardinality(int(dataset.cardinality()))
         dataset_id = _register(address, dataset, compression, "", options.timeout_s,
-                               splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC)
+                               splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC,
+                               prepare_workers=options.sharding_policy == modes.ShardingPolicy.OFF)
         return _service_dataset(address, dataset_id, dataset.element_spec, int(dataset.cardinality()), options,
                                 compression_enum)
 

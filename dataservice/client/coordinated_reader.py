@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import grpc
 import tensorflow as tf
 
 from dataservice import data_transfer, rpc, wire
+from dataservice.client.channels import channels
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.wire import ElementCodec
@@ -40,7 +41,6 @@ class CoordinatedReader:
         self._error: Optional[BaseException] = None
         self._changed = threading.Condition()
         self._stubs: Dict[str, data_transfer.WorkerDataStub] = {}
-        self._channels: List[grpc.Channel] = []
         self.session = IterationSession(dispatcher_address, job, repetition, timeout_s,
                                         on_heartbeat=self._on_heartbeat, on_error=self._fail,
                                         current_round=lambda: self._round)
@@ -137,12 +137,10 @@ class CoordinatedReader:
     def _stub(self, address: str) -> data_transfer.WorkerDataStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = rpc.make_channel(address)
-            self._channels.append(channel)
-            stub = self._stubs[address] = data_transfer.WorkerDataStub(channel)
+            stub = self._stubs[address] = data_transfer.WorkerDataStub(channels.acquire(address))
         return stub
 
     def close(self) -> None:
         self.session.close()
-        for channel in self._channels:
-            channel.close()
+        for address in self._stubs:
+            channels.release(address)

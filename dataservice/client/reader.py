@@ -21,6 +21,7 @@ import grpc
 import tensorflow as tf
 
 from dataservice import data_transfer, rpc, wire
+from dataservice.client.channels import channels
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.wire import ElementCodec
@@ -167,8 +168,7 @@ class _TaskStream:
         self.outstanding = 0
         self.granted = 0
         self.received = 0
-        self._channel = rpc.make_channel(task.transfer_address)
-        self._stub = data_transfer.WorkerDataStub(self._channel)
+        self._stub = data_transfer.WorkerDataStub(channels.acquire(task.transfer_address))
         self._thread = threading.Thread(target=self._run, name=f"stream-task-{task.task_id}", daemon=True)
         self._thread.start()
 
@@ -229,4 +229,4 @@ class _TaskStream:
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
-        self._channel.close()
+        channels.release(self._task.transfer_address)

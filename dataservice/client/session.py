@@ -19,6 +19,7 @@ import grpc
 import tensorflow as tf
 
 from dataservice import rpc
+from dataservice.client.channels import channels
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -68,24 +69,31 @@ class IterationSession:
         self._on_heartbeat = on_heartbeat
         self._on_error = on_error
         self._current_round = current_round
-        self._channel = rpc.make_channel(dispatcher_address)
-        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(self._channel)
+        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(channels.acquire(dispatcher_address))
         self._stop = threading.Event()
         self._wake = threading.Event()
-        job_response = self._call(self._stub.GetOrCreateJob, dispatcher_pb2.GetOrCreateJobRequest(
-            dataset_id=job.dataset_id,
-            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
-            job_name=job.job_name, num_consumers=job.num_consumers, target_workers=job.target_workers,
-        ), "creating a job")
-        iteration = self._call(self._stub.GetOrCreateIteration, dispatcher_pb2.GetOrCreateIterationRequest(
-            job_id=job_response.job_id, repetition=repetition), "creating an iteration")
+        try:
+            job_response = self._call(self._stub.GetOrCreateJob, dispatcher_pb2.GetOrCreateJobRequest(
+                dataset_id=job.dataset_id,
+                processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
+                job_name=job.job_name, num_consumers=job.num_consumers, target_workers=job.target_workers,
+            ), "creating a job")
+            iteration = self._call(self._stub.GetOrCreateIteration, dispatcher_pb2.GetOrCreateIterationRequest(
+                job_id=job_response.job_id, repetition=repetition), "creating an iteration")
+        except BaseException:
+            channels.release(dispatcher_address)
+            raise
         self.client_id = iteration.iteration_client_id
         self._waiting_since = time.monotonic()
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
         """The first heartbeat (here, so that its errors reach the caller), then a thread for the rest."""
-        self._heartbeat()
+        try:
+            self._heartbeat()
+        except BaseException:
+            self.close()
+            raise
         self._thread = threading.Thread(target=self._loop, name="client-heartbeat", daemon=True)
         self._thread.start()
 
@@ -143,4 +151,4 @@ class IterationSession:
             log.debug("releasing iteration client %d failed: %s", self.client_id, e.code().name)
         if self._thread is not None:
             self._thread.join(timeout=2)
-        self._channel.close()
+        channels.release(self._address)

@@ -1,0 +1,63 @@
+"""Channels that a client process shares between its readers, one per address.
+
+A new channel pays a TCP and HTTP/2 handshake on its first call (several ms
+on loopback, more across hosts), and a training loop opens an iteration per
+epoch with a stream per worker: so channels are kept and reused rather than
+opened per iteration. A channel that no reader holds stays open for the next
+one; beyond MAX_IDLE such channels the longest idle is closed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from typing import Dict, Iterator
+
+import grpc
+
+from dataservice import rpc
+
+MAX_IDLE = 64
+
+
+class SharedChannels:
+    def __init__(self, max_idle: int = MAX_IDLE):
+        self._max_idle = max_idle
+        self._lock = threading.Lock()
+        self._channels: Dict[str, grpc.Channel] = {}
+        self._users: Dict[str, int] = collections.Counter()
+        # Addresses whose channel nobody holds, oldest release first.
+        self._idle: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+
+    def acquire(self, address: str) -> grpc.Channel:
+        """The channel to `address`; give it back with release(address)."""
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = rpc.make_channel(address)
+            self._users[address] += 1
+            self._idle.pop(address, None)
+            return channel
+
+    def release(self, address: str) -> None:
+        with self._lock:
+            self._users[address] -= 1
+            if self._users[address] > 0:
+                return
+            del self._users[address]
+            self._idle[address] = None
+            while len(self._idle) > self._max_idle:
+                oldest, _ = self._idle.popitem(last=False)
+                self._channels.pop(oldest).close()
+
+    @contextlib.contextmanager
+    def holding(self, address: str) -> Iterator[grpc.Channel]:
+        channel = self.acquire(address)
+        try:
+            yield channel
+        finally:
+            self.release(address)
+
+
+channels = SharedChannels()
