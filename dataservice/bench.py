@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 import time
@@ -126,14 +127,20 @@ class Bench:
             return dataservice.distribute(mode, cluster.target, **kwargs)
         return tf_service.distribute(mode, cluster.target, **kwargs)
 
-    def compare(self, workload: str, metric: str, unit: str, make: Callable[[], tf.data.Dataset],
+    def compare(self, workload: str, metric: str, unit: str, make: Callable[[int], tf.data.Dataset],
                 clusters: Dict[str, object], measure: Callable[[tf.data.Dataset], float],
-                local: bool = True, higher_is_better: bool = True, **distribute_kwargs) -> Dict[str, float]:
-        values = {}
-        if local:
-            values["local"] = measure(make())
-        for system, cluster in clusters.items():
-            values[system] = measure(make().apply(self.distribute(system, cluster, **distribute_kwargs)))
+                local: bool = True, higher_is_better: bool = True, repeats: int = 1,
+                **distribute_kwargs) -> Dict[str, float]:
+        """Measures `make(trial)` locally and through each service, `repeats` times in
+        turn (so that a passing disturbance hits every system alike); the median counts."""
+        samples: Dict[str, List[float]] = {}
+        for trial in range(repeats):
+            if local:
+                samples.setdefault("local", []).append(measure(make(trial)))
+            for system, cluster in clusters.items():
+                dataset = make(trial).apply(self.distribute(system, cluster, **distribute_kwargs))
+                samples.setdefault(system, []).append(measure(dataset))
+        values = {system: statistics.median(runs) for system, runs in samples.items()}
         self.record(workload, metric, unit, values, higher_is_better)
         return values
 
@@ -201,6 +208,9 @@ def _recovery_s(updates: List[journal_pb2.Update], snapshot_every: Optional[int]
 def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dict]:
     bench = Bench(quick)
     scale = 1 if not quick else 0.05
+    # Short measurements vary most: they are repeated and their median reported.
+    repeats = 3 if not quick else 1
+    latency_repeats = 9 if not quick else 3
     clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()} if set(workloads) - {6} else {}
     try:
         for cluster in clusters.values():
@@ -208,24 +218,26 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
         n_scalars = int(400_000 * scale) or 2000
         if 1 in workloads:
             bench.compare("1. scalar int64, 1 worker, parallel_epochs", "throughput", "elements/s",
-                          lambda: tf.data.Dataset.range(n_scalars), clusters,
-                          lambda ds: _count(ds)["elements_per_s"])
+                          lambda trial: tf.data.Dataset.range(n_scalars), clusters,
+                          lambda ds: _count(ds)["elements_per_s"], repeats=repeats)
         if 2 in workloads:
             mib = 1024 * 1024
             n_big = max(20, int(400 * scale))
             # One random 1 MiB tensor, repeated: the workload measures moving it, not making it.
             payload = tf.random.stateless_uniform([mib // 4], seed=[1, 2])
-            make_big = lambda: tf.data.Dataset.from_tensors(payload).repeat(n_big)  # noqa: E731
+            make_big = lambda trial: tf.data.Dataset.from_tensors(payload).repeat(n_big)  # noqa: E731
             for compression in (None, "AUTO"):
                 bench.compare(f"2. 1 MiB float32, 1 worker, compression={compression}", "throughput", "MB/s",
-                              make_big, clusters, lambda ds: _count(ds, mib)["mb_per_s"], compression=compression)
+                              make_big, clusters, lambda ds: _count(ds, mib)["mb_per_s"], repeats=repeats,
+                              compression=compression)
         if 5 in workloads:
+            # A new pipeline each trial: the first element of a new job, not of a cached one.
             bench.compare("5. time to first element, 1 worker", "latency", "s",
-                          lambda: tf.data.Dataset.range(10**9), clusters, _first_element_s,
-                          higher_is_better=False)
+                          lambda trial: tf.data.Dataset.range(10**9).map(lambda x: x + trial), clusters,
+                          _first_element_s, higher_is_better=False, repeats=latency_repeats)
         sleep_us = 2000
         n_sleep = int(3000 * scale) or 100
-        make_slow = lambda: tf.data.Dataset.range(n_sleep).apply(testing.sleep(sleep_us))  # noqa: E731
+        make_slow = lambda trial: tf.data.Dataset.range(n_sleep).apply(testing.sleep(sleep_us))  # noqa: E731
         rates: Dict[int, Dict[str, float]] = {}
         if 4 in workloads:
             rates[1] = bench.compare("4. sleep 2 ms/element, 1 worker", "throughput", "elements/s", make_slow,
@@ -233,9 +245,9 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
         for cluster in clusters.values():
             cluster.add_worker()
         if 3 in workloads:
-            n_split = int(1_000_000 * scale) or 5000
+            n_split = int(200_000 * scale) or 5000
             bench.compare("3. distributed_epoch range(N), 2 workers", "throughput", "elements/s",
-                          lambda: tf.data.Dataset.range(n_split), clusters,
+                          lambda trial: tf.data.Dataset.range(n_split), clusters,
                           lambda ds: _count(ds)["elements_per_s"], mode="distributed_epoch")
         if 4 in workloads:
             rates[2] = bench.compare("4. sleep 2 ms/element, 2 workers", "throughput", "elements/s", make_slow,

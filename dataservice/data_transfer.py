@@ -3,9 +3,9 @@
 StreamElements and GetElement answer frames (dataservice/wire.py): the
 handlers return bytes that gRPC sends as they are, and the client receives
 the bytes without protobuf parsing them, so tensor buffers are never copied
-through a protobuf message. ProcessTask, which the dispatcher calls, stays an
-ordinary protobuf method. The method names are those of WorkerService in
-proto/dataservice/v1/worker.proto.
+through a protobuf message. ProcessTask and PrepareDataset, which the
+dispatcher calls, stay ordinary protobuf methods. The method names are those
+of WorkerService in proto/dataservice/v1/worker.proto.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ _SERVICE = "dataservice.v1.WorkerService"
 
 
 def add_worker_service(server: grpc.Server, servicer) -> None:
-    """Registers `servicer`'s ProcessTask, StreamElements and GetElement on `server`."""
+    """Registers `servicer`'s methods (every method of WorkerService) on `server`."""
     handlers = {
         "ProcessTask": grpc.unary_unary_rpc_method_handler(
             servicer.ProcessTask, request_deserializer=worker_pb2.ProcessTaskRequest.FromString,
             response_serializer=worker_pb2.ProcessTaskResponse.SerializeToString),
+        "PrepareDataset": grpc.unary_unary_rpc_method_handler(
+            servicer.PrepareDataset, request_deserializer=worker_pb2.PrepareDatasetRequest.FromString,
+            response_serializer=worker_pb2.PrepareDatasetResponse.SerializeToString),
         "StreamElements": grpc.stream_stream_rpc_method_handler(
             servicer.StreamElements, request_deserializer=worker_pb2.StreamElementsRequest.FromString),
         "GetElement": grpc.unary_unary_rpc_method_handler(

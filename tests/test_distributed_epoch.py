@@ -5,7 +5,6 @@ process, which would hide bugs: every worker here is its own `data-server`.
 """
 
 import collections
-import os
 
 import numpy as np
 import pytest

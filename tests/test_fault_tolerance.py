@@ -1,8 +1,6 @@
 """Fault tolerance with real processes: dispatchers and workers killed with SIGKILL."""
 
 import collections
-import threading
-import time
 
 import pytest
 import tensorflow as tf

@@ -10,7 +10,6 @@ from tensorflow.python.data.experimental.ops import testing
 import dataservice as service
 from dataservice.dispatcher import journal
 from dataservice.dispatcher.state import DispatcherState
-from dataservice.v1 import journal_pb2
 from conftest import to_list
 from test_state import comparable, random_updates
 

@@ -116,18 +116,25 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                             grpc.StatusCode.ALREADY_EXISTS,
                             f"dataset id {requested!r} is already registered with a different dataset",
                         )
-                    return dispatcher_pb2.RegisterDatasetResponse(dataset_id=requested)
-                dataset_id = requested
+                    dataset_id = requested
+                else:
+                    dataset_id = self._register(requested, fingerprint, request)
             else:
-                known = self._state.dataset_by_fingerprint.get(fingerprint)
-                if known is not None:
-                    return dispatcher_pb2.RegisterDatasetResponse(dataset_id=known)
-                dataset_id = self._state.next_dataset_id()
-            self._datasets.put(dataset_id, request.graph_def)
-            self._commit(register_dataset=journal_pb2.RegisterDatasetUpdate(
-                dataset_id=dataset_id, fingerprint=fingerprint, metadata=request.metadata))
-        log.info("registered dataset %s", dataset_id)
+                dataset_id = self._state.dataset_by_fingerprint.get(fingerprint) or self._register(
+                    self._state.next_dataset_id(), fingerprint, request)
+            workers = self._state.alive_workers() if request.prepare_workers else []
+        for worker_address in workers:
+            self._push(worker_address, "PrepareDataset", worker_pb2.PrepareDatasetRequest(dataset_id=dataset_id),
+                       f"dataset {dataset_id}", "its first task will build it")
         return dispatcher_pb2.RegisterDatasetResponse(dataset_id=dataset_id)
+
+    def _register(self, dataset_id: str, fingerprint: str, request) -> str:
+        """Stores and journals a new dataset. Call with self._lock held."""
+        self._datasets.put(dataset_id, request.graph_def)
+        self._commit(register_dataset=journal_pb2.RegisterDatasetUpdate(
+            dataset_id=dataset_id, fingerprint=fingerprint, metadata=request.metadata))
+        log.info("registered dataset %s", dataset_id)
+        return dataset_id
 
     def _dataset(self, dataset_id: str):
         if not dataset_id:
@@ -272,7 +279,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             self._client_seen[client_id] = time.monotonic()
             self._idle_since.pop(iteration_id, None)
         for task in new_tasks:
-            self._push_task(task)
+            self._push(task.worker_address, "ProcessTask", worker_pb2.ProcessTaskRequest(task=task),
+                       f"task {task.task_id}", "its heartbeat will deliver it")
         return dispatcher_pb2.GetOrCreateIterationResponse(iteration_client_id=client_id, iteration_id=iteration_id)
 
     def _create_task(self, iteration: Iteration, worker_address: str) -> common_pb2.TaskDef:
@@ -288,15 +296,14 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
     def _task_def(self, task) -> common_pb2.TaskDef:
         return self._state.task_def(task, tuple(self._config.worker_addresses or ()))
 
-    def _push_task(self, task: common_pb2.TaskDef) -> None:
-        """Tells the worker about a new task now rather than at its next heartbeat (best effort)."""
+    def _push(self, worker_address: str, method: str, request, what: str, fallback: str) -> None:
+        """Calls a worker's `method` in the background: a new task or dataset reaches it now
+        rather than at its next heartbeat. Best effort: `fallback` says what happens otherwise."""
         def push() -> None:
             try:
-                stub = self._worker_stub(task.worker_address)
-                stub.ProcessTask(worker_pb2.ProcessTaskRequest(task=task), timeout=5)
+                getattr(self._worker_stub(worker_address), method)(request, timeout=5)
             except grpc.RpcError as e:
-                log.info("could not push task %d to %s (%s); its heartbeat will deliver it",
-                         task.task_id, task.worker_address, e.code().name)
+                log.info("could not push %s to %s (%s); %s", what, worker_address, e.code().name, fallback)
         try:
             self._push_pool.submit(push)
         except RuntimeError:  # the dispatcher is stopping

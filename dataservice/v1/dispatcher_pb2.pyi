@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterDatasetRequest(_message.Message):
-    __slots__ = ("graph_def", "metadata", "requested_dataset_id")
+    __slots__ = ("graph_def", "metadata", "requested_dataset_id", "prepare_workers")
     GRAPH_DEF_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     graph_def: bytes
     metadata: _common_pb2.DatasetMetadata
     requested_dataset_id: str
-    def __init__(self, graph_def: _Optional[bytes] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ..., requested_dataset_id: _Optional[str] = ...) -> None: ...
+    prepare_workers: bool
+    def __init__(self, graph_def: _Optional[bytes] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ..., requested_dataset_id: _Optional[str] = ..., prepare_workers: _Optional[bool] = ...) -> None: ...
 
 class RegisterDatasetResponse(_message.Message):
     __slots__ = ("dataset_id",)

@@ -49,6 +49,11 @@ class WorkerServiceStub:
                 request_serializer=dataservice_dot_v1_dot_worker__pb2.GetElementRequest.SerializeToString,
                 response_deserializer=dataservice_dot_v1_dot_worker__pb2.GetElementResponse.FromString,
                 _registered_method=True)
+        self.PrepareDataset = channel.unary_unary(
+                '/dataservice.v1.WorkerService/PrepareDataset',
+                request_serializer=dataservice_dot_v1_dot_worker__pb2.PrepareDatasetRequest.SerializeToString,
+                response_deserializer=dataservice_dot_v1_dot_worker__pb2.PrepareDatasetResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -81,6 +86,15 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareDataset(self, request, context):
+        """The dispatcher tells the worker that a dataset was registered: the worker
+        fetches and builds it and makes its first iterator before a task needs it,
+        so that the first task starts producing at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +112,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.GetElement,
                     request_deserializer=dataservice_dot_v1_dot_worker__pb2.GetElementRequest.FromString,
                     response_serializer=dataservice_dot_v1_dot_worker__pb2.GetElementResponse.SerializeToString,
+            ),
+            'PrepareDataset': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareDataset,
+                    request_deserializer=dataservice_dot_v1_dot_worker__pb2.PrepareDatasetRequest.FromString,
+                    response_serializer=dataservice_dot_v1_dot_worker__pb2.PrepareDatasetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +200,33 @@ class WorkerService:
             '/dataservice.v1.WorkerService/GetElement',
             dataservice_dot_v1_dot_worker__pb2.GetElementRequest.SerializeToString,
             dataservice_dot_v1_dot_worker__pb2.GetElementResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.v1.WorkerService/PrepareDataset',
+            dataservice_dot_v1_dot_worker__pb2.PrepareDatasetRequest.SerializeToString,
+            dataservice_dot_v1_dot_worker__pb2.PrepareDatasetResponse.FromString,
             options,
             channel_credentials,
             insecure,

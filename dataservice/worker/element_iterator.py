@@ -17,7 +17,7 @@ optimization), and the end of a task must not wait for it.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import tensorflow as tf
 from tensorflow.python.ops import gen_dataset_ops
@@ -34,16 +34,38 @@ class ComponentIterator:
 
     def __init__(self, dataset: tf.data.Dataset, codec: ElementCodec):
         self._codec = codec
+        # Held for as long as the iterator: a rebuilt pipeline's function must outlive it
+        # (see splits.rebuild_with_splits).
+        self._dataset = dataset
         self._iterator = iter(dataset)
         resource = getattr(self._iterator, "_iterator_resource", None)
         self._resource: Optional[tf.Tensor] = resource if _plain_tensors(dataset.element_spec) else None
         self._types = [spec.dtype for spec in codec.component_specs]
         self._shapes = [spec.shape for spec in codec.component_specs]
+        # peek(): the next element, or the exception that computing it raised.
+        self._peeked: Optional[Tuple[Optional[Components], Optional[BaseException]]] = None
 
     def __iter__(self) -> "ComponentIterator":
         return self
 
+    def peek(self) -> None:
+        """Computes the next element now; __next__ returns it (or raises its error) later."""
+        if self._peeked is None:
+            try:
+                self._peeked = (self._compute_next(), None)
+            except Exception as e:  # noqa: BLE001 - StopIteration or the pipeline's error, raised by __next__
+                self._peeked = (None, e)
+
     def __next__(self) -> Components:
+        if self._peeked is not None:
+            element, error = self._peeked
+            self._peeked = None
+            if error is not None:
+                raise error
+            return element
+        return self._compute_next()
+
+    def _compute_next(self) -> Components:
         if self._resource is None:
             return self._codec.to_components(next(self._iterator))
         try:

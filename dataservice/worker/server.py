@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, Optional, Set
 
 import grpc
 import tensorflow as tf
@@ -20,7 +20,8 @@ from dataservice import graph as graph_lib
 from dataservice import data_transfer, rpc, server_util, sharding, splits, wire
 from dataservice.config import WorkerConfig
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
-from dataservice.wire import ElementCodec
+from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
+from dataservice.worker.element_iterator import ComponentIterator
 from dataservice.worker.split_fetcher import SplitFetcher
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.task_runner import TaskRunner
@@ -63,6 +64,13 @@ class _WorkerService:
             raise rpc.invalid_argument("ProcessTask needs a task with a task_id")
         self._worker.start_task(request.task)
         return worker_pb2.ProcessTaskResponse()
+
+    @rpc.handler
+    def PrepareDataset(self, request, context):
+        if not request.dataset_id:
+            raise rpc.invalid_argument("PrepareDataset needs a dataset_id")
+        self._worker.prepare_dataset(request.dataset_id)
+        return worker_pb2.PrepareDatasetResponse()
 
     def StreamElements(self, request_iterator, context):
         worker = self._worker
@@ -206,7 +214,7 @@ class WorkerServer:
         self._round_robins: Dict[int, RoundRobinServer] = {}
         self.finished_tasks: Set[int] = set()
         self._unreported: Set[int] = set()
-        self._datasets: Dict[str, Tuple[bytes, object]] = {}
+        self._datasets = DatasetCache(self._fetch_dataset_def)
         self._heartbeat_now = threading.Event()
         self._stopped = threading.Event()
         self._heartbeat_thread: Optional[threading.Thread] = None
@@ -240,6 +248,7 @@ class WorkerServer:
             self._round_robins.clear()
         for runner in runners:
             runner.stop()
+        self._datasets.stop()
         self._server.stop(grace_s).wait()
 
     @property
@@ -265,6 +274,7 @@ class WorkerServer:
             self._heartbeat_now.clear()
             if self._stopped.is_set():
                 return
+            self._datasets.expire()
             try:
                 self._heartbeat(timeout_s=interval_s)
                 self._report_unreported()
@@ -323,21 +333,20 @@ class WorkerServer:
         with self._lock:
             self._unreported.difference_update(tasks)
 
-    def _dataset_def(self, dataset_id: str) -> Tuple[bytes, object]:
-        with self._lock:
-            cached = self._datasets.get(dataset_id)
-        if cached is None:
-            response = rpc.call(
-                self._dispatcher.GetDatasetDef,
-                dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id),
-                server=f"dispatcher at {self._config.dispatcher_address}",
-                what=f"fetching dataset {dataset_id}",
-                timeout_s=self._config.dispatcher_timeout_ms / 1000,
-            )
-            cached = (response.graph_def, graph_lib.decode_element_spec(response.metadata.element_spec))
-            with self._lock:
-                self._datasets[dataset_id] = cached
-        return cached
+    def _fetch_dataset_def(self, dataset_id: str) -> DatasetDef:
+        response = rpc.call(
+            self._dispatcher.GetDatasetDef,
+            dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id),
+            server=f"dispatcher at {self._config.dispatcher_address}",
+            what=f"fetching dataset {dataset_id}",
+            timeout_s=self._config.dispatcher_timeout_ms / 1000,
+        )
+        return response.graph_def, graph_lib.decode_element_spec(response.metadata.element_spec)
+
+    def prepare_dataset(self, dataset_id: str) -> None:
+        """Builds a newly registered dataset and its first iterator ahead of its first task."""
+        if not self._stopped.is_set():
+            self._datasets.prepare_soon(dataset_id)
 
     # ---- tasks -----------------------------------------------------------
 
@@ -346,34 +355,36 @@ class WorkerServer:
         with self._lock:
             if task.task_id in self._runners or task.task_id in self.finished_tasks or self._stopped.is_set():
                 return
-        graph_def, element_spec = self._dataset_def(task.dataset_id)
+        codec = self._datasets.codec(task.dataset_id)
         with self._lock:
             if task.task_id in self._runners or task.task_id in self.finished_tasks:
                 return
-            runner = TaskRunner(
-                task.task_id, lambda: self._task_dataset(task, graph_def, element_spec), ElementCodec(element_spec))
+            runner = TaskRunner(task.task_id, lambda: self._task_elements(task), codec)
             self._runners[task.task_id] = runner
             if task.num_consumers:
                 self._round_robins[task.task_id] = RoundRobinServer(runner, task.num_consumers, task.starting_round)
             self._tasks_changed.notify_all()
         log.info("worker %s started task %d (iteration %d)", self.address, task.task_id, task.iteration_id)
 
-    def _task_dataset(self, task: common_pb2.TaskDef, graph_def: bytes, element_spec) -> tf.data.Dataset:
-        """The pipeline of a task: whole (parallel_epochs), over the dispatcher's splits
-        (distributed_epoch), or this worker's static shard."""
+    def _task_elements(self, task: common_pb2.TaskDef) -> ComponentIterator:
+        """The elements of a task's pipeline: whole (parallel_epochs), over the dispatcher's
+        splits (distributed_epoch), or this worker's static shard."""
         policy = task.processing_mode.sharding_policy
+        codec = self._datasets.codec(task.dataset_id)
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
+            graph_def, element_spec = self._datasets.definition(task.dataset_id)
             sources = splits.find_sources(graph_lib.parse_graph(graph_def))
             fetcher = SplitFetcher(self._dispatcher, self._config.dispatcher_address, task.iteration_id,
                                    task.task_id, sources, self._config.dispatcher_timeout_ms / 1000)
             dataset, keepalive = splits.rebuild_with_splits(graph_def, element_spec, sources, fetcher.ranges)
             # The rebuilt graph's function must outlive the dataset's iterator.
             dataset._dataservice_keepalive = keepalive  # pylint: disable=protected-access
-            return dataset
-        dataset = graph_lib.dataset_from_graph(graph_def, element_spec)
+            return ComponentIterator(dataset, codec)
         if policy in sharding.STATIC_POLICIES:
-            dataset = sharding.shard(dataset, policy, task.num_workers, task.worker_index)
-        return dataset
+            dataset = sharding.shard(self._datasets.whole_dataset(task.dataset_id), policy, task.num_workers,
+                                     task.worker_index)
+            return ComponentIterator(dataset, codec)
+        return self._datasets.whole_iterator(task.dataset_id)
 
     def _delete_task(self, task_id: int) -> None:
         with self._lock:

@@ -14,7 +14,6 @@ import logging
 import threading
 from typing import Callable, Deque, List, Optional, Tuple
 
-import tensorflow as tf
 
 from dataservice.wire import Components, ElementCodec
 from dataservice.worker.element_iterator import ComponentIterator
@@ -30,14 +29,14 @@ class TaskRunner:
     def __init__(
         self,
         task_id: int,
-        make_dataset: Callable[[], tf.data.Dataset],
+        make_elements: Callable[[], ComponentIterator],
         codec: ElementCodec,
         buffer_elements: int = DEFAULT_BUFFER_ELEMENTS,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     ):
         self.task_id = task_id
         self.codec = codec
-        self._make_dataset = make_dataset
+        self._make_elements = make_elements
         self._max_elements = buffer_elements
         self._max_bytes = buffer_bytes
         self._buffer: Deque[Tuple[Components, int]] = collections.deque()
@@ -51,7 +50,7 @@ class TaskRunner:
 
     def _produce(self) -> None:
         try:
-            elements = ComponentIterator(self._make_dataset(), self.codec)
+            elements = self._make_elements()
             for components in elements:
                 size = self.codec.nbytes(components)
                 with self._cond:

@@ -1,0 +1,139 @@
+"""The data path's own parts: worker dataset preparation, shared client channels,
+elements handed to tf.data stacked or one at a time, and the server's allocator settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dataservice as service
+from dataservice import graph as graph_lib
+from dataservice.client import api
+from dataservice.client.channels import SharedChannels
+from dataservice.local_cluster import LocalCluster
+from dataservice.worker.dataset_cache import DatasetCache
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class _Definitions:
+    """What the dispatcher would answer to GetDatasetDef, counting the calls."""
+
+    def __init__(self, **datasets: tf.data.Dataset):
+        self.defs = {k: (graph_lib.serialize_dataset(d), d.element_spec) for k, d in datasets.items()}
+        self.fetches = 0
+
+    def __call__(self, dataset_id: str):
+        self.fetches += 1
+        if dataset_id not in self.defs:
+            raise tf.errors.NotFoundError(None, None, f"no dataset {dataset_id}")
+        return self.defs[dataset_id]
+
+
+def test_a_prepared_dataset_hands_its_first_iterator_to_the_first_task():
+    definitions = _Definitions(a=tf.data.Dataset.range(5).map(lambda x: x * 3))
+    cache = DatasetCache(definitions)
+    try:
+        cache.prepare_soon("a")
+        cache.wait_prepared(30)
+        assert cache.prepared == ["a"]
+        first = cache.whole_iterator("a")
+        assert cache.prepared == []
+        assert [int(c[0]) for c in first] == [0, 3, 6, 9, 12]
+        # Later tasks get fresh iterators of the same built dataset; the definition was fetched once.
+        assert [int(c[0]) for c in cache.whole_iterator("a")] == [0, 3, 6, 9, 12]
+        assert definitions.fetches == 1
+    finally:
+        cache.stop()
+
+
+def test_prepared_iterators_expire_and_are_bounded():
+    definitions = _Definitions(a=tf.data.Dataset.range(3), b=tf.data.Dataset.range(4))
+    cache = DatasetCache(definitions, max_prepared=1, prepared_ttl_s=0.2)
+    try:
+        cache.prepare_soon("a")
+        cache.wait_prepared(30)
+        cache.prepare_soon("b")
+        cache.wait_prepared(30)
+        assert cache.prepared == ["b"]
+        time.sleep(0.3)
+        cache.expire()
+        assert cache.prepared == []
+    finally:
+        cache.stop()
+
+
+def test_a_dataset_that_cannot_be_prepared_fails_its_task_instead():
+    cache = DatasetCache(_Definitions())
+    try:
+        cache.prepare_soon("missing")
+        cache.wait_prepared(30)
+        assert cache.prepared == []
+        with pytest.raises(tf.errors.NotFoundError, match="no dataset missing"):
+            cache.whole_iterator("missing")
+    finally:
+        cache.stop()
+
+
+def test_a_pipeline_error_in_the_prepared_first_element_reaches_the_task():
+    bad = tf.data.Dataset.from_tensor_slices([1.0, 0.0]).map(
+        lambda x: tf.debugging.check_numerics(1.0 / x, "division by zero")).skip(1)
+    cache = DatasetCache(_Definitions(bad=bad))
+    try:
+        cache.prepare_soon("bad")
+        cache.wait_prepared(30)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="division by zero"):
+            next(cache.whole_iterator("bad"))
+    finally:
+        cache.stop()
+
+
+def test_shared_channels_are_reused_and_idle_ones_bounded():
+    channels = SharedChannels(max_idle=1)
+    first = channels.acquire("localhost:1")
+    assert channels.acquire("localhost:1") is first
+    channels.release("localhost:1")
+    channels.release("localhost:1")
+    with channels.holding("localhost:1") as again:
+        assert again is first  # idle, kept for the next reader
+    with channels.holding("localhost:2"):
+        pass
+    # Two idle channels with room for one: the longest idle was closed and is made anew.
+    assert channels.acquire("localhost:1") is not first
+    channels.release("localhost:1")
+
+
+@pytest.mark.parametrize("length", [1024, api.PER_ELEMENT_BYTES // 4])
+def test_small_elements_travel_stacked_and_large_ones_alone(cluster, length):
+    source = tf.data.Dataset.range(40).map(lambda i: (tf.fill([length], tf.cast(i, tf.float32)), {"i": i}))
+    ds = source.apply(service.distribute("parallel_epochs", cluster.target))
+    out = list(ds.as_numpy_iterator())
+    assert [int(d["i"]) for _, d in out] == list(range(40))
+    assert all(np.all(x == d["i"]) and x.shape == (length,) for x, d in out)
+
+
+def test_worker_processes_prepare_and_reshuffle_each_epoch_as_locally():
+    source = tf.data.Dataset.range(200).shuffle(200, seed=7)
+    with LocalCluster(num_workers=1) as cluster:
+        ds = source.apply(service.distribute("parallel_epochs", cluster.target))
+        deadline = time.monotonic() + 30
+        while not any("prepared dataset" in line for line in cluster.workers[0].stderr_lines):
+            assert time.monotonic() < deadline, "the worker did not prepare the registered dataset"
+            time.sleep(0.05)
+        epochs = [list(ds.as_numpy_iterator()) for _ in range(2)]
+    assert all(sorted(epoch) == list(range(200)) for epoch in epochs)
+    # reshuffle_each_iteration: a new order each epoch, as when iterating the dataset locally.
+    assert epochs[0] != epochs[1]
+    local = [list(source.as_numpy_iterator()) for _ in range(2)]
+    assert local[0] != local[1]
+
+
+def test_workers_keep_freed_memory_on_glibc():
+    code = "from dataservice import malloc_tuning; print(malloc_tuning.keep_freed_memory())"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "True", result.stderr
