@@ -215,7 +215,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
     try:
         for cluster in clusters.values():
             cluster.add_worker()
-        n_scalars = int(400_000 * scale) or 2000
+        n_scalars = int(100_000 * scale) or 2000
         if 1 in workloads:
             bench.compare("1. scalar int64, 1 worker, parallel_epochs", "throughput", "elements/s",
                           lambda trial: tf.data.Dataset.range(n_scalars), clusters,
