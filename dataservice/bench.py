@@ -127,17 +127,27 @@ class Bench:
             return dataservice.distribute(mode, cluster.target, **kwargs)
         return tf_service.distribute(mode, cluster.target, **kwargs)
 
+    def warm_up(self, clusters: Dict[str, object]) -> None:
+        """Reads a small dataset through each service, so that workers just started have run a
+        first task (imports, first graph optimizations) before anything is timed."""
+        for system, cluster in clusters.items():
+            for _ in tf.data.Dataset.range(64).apply(self.distribute(system, cluster)):
+                pass
+
     def compare(self, workload: str, metric: str, unit: str, make: Callable[[int], tf.data.Dataset],
                 clusters: Dict[str, object], measure: Callable[[tf.data.Dataset], float],
-                local: bool = True, higher_is_better: bool = True, repeats: int = 1,
+                local: bool = True, higher_is_better: bool = True, repeats: int = 1, pause_s: float = 0.0,
                 **distribute_kwargs) -> Dict[str, float]:
         """Measures `make(trial)` locally and through each service, `repeats` times in
-        turn (so that a passing disturbance hits every system alike); the median counts."""
+        turn (so that a passing disturbance hits every system alike); the median counts.
+        `pause_s` between measurements lets the previous one's clean-up (iterators, jobs)
+        finish before the next is timed."""
         samples: Dict[str, List[float]] = {}
         for trial in range(repeats):
             if local:
                 samples.setdefault("local", []).append(measure(make(trial)))
             for system, cluster in clusters.items():
+                time.sleep(pause_s)
                 dataset = make(trial).apply(self.distribute(system, cluster, **distribute_kwargs))
                 samples.setdefault(system, []).append(measure(dataset))
         values = {system: statistics.median(runs) for system, runs in samples.items()}
@@ -215,6 +225,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
     try:
         for cluster in clusters.values():
             cluster.add_worker()
+        bench.warm_up(clusters)
         n_scalars = int(100_000 * scale) or 2000
         if 1 in workloads:
             bench.compare("1. scalar int64, 1 worker, parallel_epochs", "throughput", "elements/s",
@@ -234,16 +245,17 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
             # A new pipeline each trial: the first element of a new job, not of a cached one.
             bench.compare("5. time to first element, 1 worker", "latency", "s",
                           lambda trial: tf.data.Dataset.range(10**9).map(lambda x: x + trial), clusters,
-                          _first_element_s, higher_is_better=False, repeats=latency_repeats)
+                          _first_element_s, higher_is_better=False, repeats=latency_repeats, pause_s=0.5)
         sleep_us = 2000
         n_sleep = int(3000 * scale) or 100
         make_slow = lambda trial: tf.data.Dataset.range(n_sleep).apply(testing.sleep(sleep_us))  # noqa: E731
         rates: Dict[int, Dict[str, float]] = {}
         if 4 in workloads:
             rates[1] = bench.compare("4. sleep 2 ms/element, 1 worker", "throughput", "elements/s", make_slow,
-                                     clusters, lambda ds: _count(ds)["elements_per_s"])
+                                     clusters, lambda ds: _count(ds)["elements_per_s"], repeats=repeats)
         for cluster in clusters.values():
             cluster.add_worker()
+        bench.warm_up(clusters)
         if 3 in workloads:
             n_split = int(200_000 * scale) or 5000
             bench.compare("3. distributed_epoch range(N), 2 workers", "throughput", "elements/s",
@@ -251,12 +263,15 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
                           lambda ds: _count(ds)["elements_per_s"], mode="distributed_epoch")
         if 4 in workloads:
             rates[2] = bench.compare("4. sleep 2 ms/element, 2 workers", "throughput", "elements/s", make_slow,
-                                     clusters, lambda ds: _count(ds)["elements_per_s"], local=False)
+                                     clusters, lambda ds: _count(ds)["elements_per_s"], local=False,
+                                     repeats=repeats)
             for cluster in clusters.values():
                 cluster.add_worker()
                 cluster.add_worker()
+            bench.warm_up(clusters)
             rates[4] = bench.compare("4. sleep 2 ms/element, 4 workers", "throughput", "elements/s", make_slow,
-                                     clusters, lambda ds: _count(ds)["elements_per_s"], local=False)
+                                     clusters, lambda ds: _count(ds)["elements_per_s"], local=False,
+                                     repeats=repeats)
             for k in (2, 4):
                 bench.record(f"4. scaling efficiency, {k} workers", "efficiency", "rate_k/(k*rate_1)",
                              {s: rates[k][s] / (k * rates[1][s]) for s in clusters})

@@ -35,6 +35,10 @@ MAX_DEFAULT_BUDGET = 16384
 DEFAULT_VARIABLE_BUDGET = 256
 # Fixed-size elements of at least this many bytes are handed to tf.data one at a time.
 PER_ELEMENT_BYTES = 256 * 1024
+# Smaller ones: stacked chunks that have arrived together are handed over as one, up to this many
+# elements and about this many bytes.
+MERGE_UP_TO = 1024
+MERGE_BYTES = 4 * 1024 * 1024
 
 
 def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
@@ -157,6 +161,9 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
     # Small fixed-size elements reach tf.data as stacked chunks that tf.data unbatches: one
     # Python call per chunk, not per element. Large ones go one a call: unbatching would copy them once more.
     stacked = codec.stackable and codec.element_bytes < PER_ELEMENT_BYTES
+    merge_up_to = 0
+    if stacked:
+        merge_up_to = min(MERGE_UP_TO, MERGE_BYTES // codec.element_bytes) if codec.element_bytes else MERGE_UP_TO
     # Composite components (ragged, sparse) are rebuilt inside tf.data; plain tensors are
     # yielded in the element's own structure.
     composite = not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(element_spec))
@@ -170,10 +177,12 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
         if options.num_consumers is not None:
             reader = CoordinatedReader(address, job, next(repetitions), codec, options.consumer_index,
                                        options.timeout_s, compression)
+            chunks = iter(reader)
         else:
             reader = IterationReader(address, job, next(repetitions), codec, budget, options.timeout_s, compression)
+            chunks = reader.chunks(merge_up_to)
         try:
-            for chunk in reader:
+            for chunk in chunks:
                 if stacked or not codec.stackable:
                     yield structure(chunk)
                 else:

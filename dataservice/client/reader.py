@@ -18,6 +18,7 @@ import threading
 from typing import Dict, Iterator, Optional
 
 import grpc
+import numpy as np
 import tensorflow as tf
 
 from dataservice import data_transfer, rpc, wire
@@ -57,19 +58,37 @@ class IterationReader:
     # ---- the consumer side -----------------------------------------------
 
     def __iter__(self) -> Iterator[tuple]:
+        return self.chunks()
+
+    def chunks(self, merge_up_to: int = 0) -> Iterator[tuple]:
+        """The decoded chunks in arrival order. With `merge_up_to` (stacked chunks only),
+        the chunks already waiting are concatenated into one of at most that many
+        elements: a slow pipeline on many workers sends many small chunks, and each
+        chunk costs the consumer a call into Python from tf.data."""
         while True:
             try:
-                stream, count, item = self._queue.get(timeout=_POLL_S)
+                taken = [self._queue.get(timeout=_POLL_S)]
             except queue.Empty:
                 if self._error is not None:
                     raise self._error
                 if self._finished():
                     return
                 continue
+            count = taken[0][1]
+            while count < merge_up_to:
+                try:
+                    taken.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+                count += taken[-1][1]
             with self._lock:
-                stream.outstanding -= count
+                for stream, count, _ in taken:
+                    stream.outstanding -= count
                 self._credits_changed.notify_all()
-            yield item
+            if len(taken) == 1:
+                yield taken[0][2]
+            else:
+                yield tuple(np.concatenate(parts) for parts in zip(*(item for _, _, item in taken)))
 
     def _finished(self) -> bool:
         with self._lock:
