@@ -10,8 +10,15 @@ pipeline of large batches had run: 190 MB/s with the defaults, 2,200 MB/s
 with freed memory kept. A worker's memory is bounded by its buffers anyway;
 keeping up to TRIM_THRESHOLD_BYTES of it free for reuse is the price.
 
-Only `data-server` processes call this: a library must not change the
-allocator of the process it is imported into.
+`data-server` workers call it at start. A client process calls it once,
+when it first reads elements of a quarter MiB or more, unless
+DATASERVICE_KEEP_FREED_MEMORY=0 is set: tf.data's generator op (the client's
+entry into tf.data) itself lowers glibc's trim threshold to 128 KiB on first
+use, and with that every MiB-sized tensor the client hands to tf.data is
+faulted in afresh. Measured on a 2-core machine, 1 MiB elements through
+from_generator: 410 MB/s as TensorFlow leaves the allocator, 1,650-1,900 MB/s
+with freed memory kept. The top pad and mmap threshold keep working after
+TensorFlow's change of the trim threshold, whichever comes first.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +40,11 @@ TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024
 TOP_PAD_BYTES = 64 * 1024 * 1024
 # glibc's largest mmap threshold on 64-bit hosts: larger allocations still get their own mmap.
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
+# A client process keeps freed memory unless this is "0".
+CLIENT_OPT_OUT_ENV = "DATASERVICE_KEEP_FREED_MEMORY"
+
+_client_lock = threading.Lock()
+_client_done = False
 
 
 def keep_freed_memory() -> bool:
@@ -46,3 +60,17 @@ def keep_freed_memory() -> bool:
     settings = ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
                 (_M_TOP_PAD, TOP_PAD_BYTES))
     return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+def keep_freed_memory_in_client() -> None:
+    """Once a process: keep_freed_memory() for a client about to read large elements,
+    unless CLIENT_OPT_OUT_ENV is "0"."""
+    global _client_done
+    with _client_lock:
+        if _client_done:
+            return
+        _client_done = True
+        if os.environ.get(CLIENT_OPT_OUT_ENV, "1") == "0":
+            log.info("%s=0: malloc left as it is", CLIENT_OPT_OUT_ENV)
+            return
+        keep_freed_memory()

@@ -3,6 +3,7 @@ elements handed to tf.data stacked or one at a time, and the server's allocator 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 import dataservice as service
 from dataservice import graph as graph_lib
+from dataservice import malloc_tuning
 from dataservice.client import api
 from dataservice.client.channels import SharedChannels
 from dataservice.local_cluster import LocalCluster
@@ -137,3 +139,50 @@ def test_workers_keep_freed_memory_on_glibc():
     code = "from dataservice import malloc_tuning; print(malloc_tuning.keep_freed_memory())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "True", result.stderr
+
+
+# Reads large elements from an in-process cluster, then reports how much freed heap memory
+# glibc keeps (mallinfo2's fordblks) after a 4 MiB allocation is freed.
+_FREED_AFTER_LARGE_READS = """
+import ctypes
+import dataservice as service
+import tensorflow as tf
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1]))
+ds = tf.data.Dataset.range(4).map(lambda i: tf.fill([262144], tf.cast(i, tf.float32)))
+ds = ds.apply(service.distribute("parallel_epochs", dispatcher.target))
+assert [float(x[0]) for x in ds.as_numpy_iterator()] == [0.0, 1.0, 2.0, 3.0]
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+libc.free(libc.malloc(4 << 20))
+print("FREED", libc.mallinfo2().fordblks)
+worker._stop()
+dispatcher._stop()
+"""
+
+
+def _freed_after_large_reads(**env: str) -> int:
+    result = subprocess.run([sys.executable, "-c", _FREED_AFTER_LARGE_READS], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, **env})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("FREED")]
+    assert lines, result.stderr[-3000:]
+    return int(lines[0].split()[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_client_reading_large_elements_keeps_freed_memory_unless_told_not_to():
+    # tf.data's generator op lowers the trim threshold to 128 KiB; the client's settings keep
+    # TOP_PAD_BYTES of freed memory at the top of the heap all the same.
+    kept = _freed_after_large_reads()
+    opted_out = _freed_after_large_reads(**{malloc_tuning.CLIENT_OPT_OUT_ENV: "0"})
+    assert kept >= malloc_tuning.TOP_PAD_BYTES // 2, (kept, opted_out)
+    assert opted_out < malloc_tuning.TOP_PAD_BYTES // 2, (kept, opted_out)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 import tensorflow as tf
 
 from dataservice import graph as graph_lib
-from dataservice import modes, rpc, splits
+from dataservice import malloc_tuning, modes, rpc, splits
 from dataservice.client.channels import channels
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.reader import IterationReader
@@ -47,8 +47,6 @@ def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
     if not isinstance(dispatcher_timeout_ms, int) or dispatcher_timeout_ms <= 0:
         raise ValueError(f"dispatcher_timeout_ms must be a positive integer, got {dispatcher_timeout_ms!r}")
     return dispatcher_timeout_ms / 1000
-
-
 
 
 def _dataset_id_str(dataset_id: DatasetId) -> str:
@@ -174,6 +172,8 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
         return components if composite else tf.nest.pack_sequence_as(element_spec, list(components))
 
     def generate():
+        if codec.element_bytes >= PER_ELEMENT_BYTES:
+            malloc_tuning.keep_freed_memory_in_client()
         if options.num_consumers is not None:
             reader = CoordinatedReader(address, job, next(repetitions), codec, options.consumer_index,
                                        options.timeout_s, compression)

@@ -29,8 +29,11 @@ from dataservice.wire import ElementCodec
 
 log = logging.getLogger(__name__)
 
-# How often the consumer checks for the end or an error while the queue is empty.
+# How often the consumer checks for the end or an error while the queue is empty; events
+# that can end the iteration (a stream's end, the dispatcher's word, an error) wake it at once.
 _POLL_S = 0.05
+# Put in the queue to wake the consumer: not a chunk.
+_WAKE = None
 
 
 class IterationReader:
@@ -67,20 +70,25 @@ class IterationReader:
         chunk costs the consumer a call into Python from tf.data."""
         while True:
             try:
-                taken = [self._queue.get(timeout=_POLL_S)]
+                first = self._queue.get(timeout=_POLL_S)
             except queue.Empty:
+                first = _WAKE
+            if first is _WAKE:
                 if self._error is not None:
                     raise self._error
                 if self._finished():
                     return
                 continue
-            count = taken[0][1]
+            taken = [first]
+            count = first[1]
             while count < merge_up_to:
                 try:
-                    taken.append(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                count += taken[-1][1]
+                if item is not _WAKE:
+                    taken.append(item)
+                    count += item[1]
             with self._lock:
                 for stream, count, _ in taken:
                     stream.outstanding -= count
@@ -94,7 +102,10 @@ class IterationReader:
         with self._lock:
             streams = list(self._streams.values())
             finished = self._iteration_finished
-        return finished and all(s.done for s in streams) and self._queue.empty()
+        if not (finished and all(s.done for s in streams)):
+            return False
+        with self._queue.mutex:
+            return all(item is _WAKE for item in self._queue.queue)
 
     def close(self) -> None:
         """Stops the streams and releases this client at the dispatcher (best effort)."""
@@ -118,8 +129,11 @@ class IterationReader:
                     self._finished_tasks.add(task.task_id)
                 elif task.task_id not in self._streams and not self.stopped.is_set():
                     self._streams[task.task_id] = _TaskStream(self, task)
+            newly_finished = response.iteration_finished and not self._iteration_finished
             self._iteration_finished = response.iteration_finished
             self._credits_changed.notify_all()
+        if newly_finished:
+            self._queue.put(_WAKE)
 
     # ---- credits ---------------------------------------------------------
 
@@ -158,6 +172,7 @@ class IterationReader:
             stream.outstanding -= stream.granted - stream.received
             stream.granted = stream.received
             self._credits_changed.notify_all()
+        self._queue.put(_WAKE)
         self.session.wake()
 
     def task_finished(self, task_id: int) -> bool:
@@ -167,6 +182,7 @@ class IterationReader:
     def fail(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
+        self._queue.put(_WAKE)
 
     @property
     def stopped(self) -> threading.Event:
