@@ -8,8 +8,10 @@ The header lists the chunks and, for each tensor, its dtype, shape and buffer
 size; the buffers follow in chunk, then component order, each at an offset
 that is a multiple of 8 from the frame's start. The worker builds a frame
 with one copy (joining the header and the arrays' memory) and the client
-reads each tensor as a numpy view of the received bytes: no tensor byte goes
-through protobuf, and no TensorProto is built per element.
+reads each tensor as a numpy view of the received bytes, or, where that view
+is not aligned as TensorFlow needs to adopt it, as an aligned copy made on the
+receiving thread: no tensor byte goes through protobuf, and no TensorProto is
+built per element.
 
 Composite tensors (sparse, ragged) travel as their component tensors, in
 tf.nest.flatten(expand_composites=True) order, and are rebuilt inside tf.data
@@ -39,6 +41,9 @@ Header = TypeVar("Header", bound=Message)
 _HEADER_SIZE = struct.Struct("<I")
 _ALIGNMENT = 8
 _PADDING = bytes(_ALIGNMENT)
+# TensorFlow adopts a numpy array's memory as a tensor's when it is aligned to this
+# (EIGEN_MAX_ALIGN_BYTES); otherwise it copies the array as tf.data takes it.
+TF_ALIGNMENT = 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,5 +184,21 @@ class ElementCodec:
                     start += length
                 out.append(array.reshape(shape))
             else:
-                out.append(np.frombuffer(buffer, dtype=numpy_dtype(tensor.dtype)).reshape(shape))
+                out.append(tf_aligned(np.frombuffer(buffer, dtype=numpy_dtype(tensor.dtype)).reshape(shape)))
         return tuple(out), offset
+
+
+def tf_aligned(array: np.ndarray) -> np.ndarray:
+    """`array`, copied to TF_ALIGNMENT-aligned memory unless it is there already.
+
+    TensorFlow would copy an unaligned array anyway, on the tf.data thread that
+    hands elements to the training loop; copying here, on the thread that
+    receives the frame, takes that copy off the consumer's path (and frees the
+    frame sooner)."""
+    if array.ctypes.data % TF_ALIGNMENT == 0 or array.nbytes == 0:
+        return array
+    raw = np.empty(array.nbytes + TF_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % TF_ALIGNMENT
+    aligned = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    np.copyto(aligned, array)
+    return aligned

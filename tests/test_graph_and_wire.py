@@ -90,15 +90,28 @@ def test_ragged_travels_as_components():
     assert values.tolist() == [1, 2, 3] and splits.tolist() == [0, 2, 2, 3]
 
 
-def test_frames_carry_buffers_aligned_and_decode_as_views():
+def test_frames_carry_buffers_aligned_and_decode_to_arrays_tensorflow_adopts():
     spec = (tf.TensorSpec([3], tf.int8), tf.TensorSpec([2], tf.float64), tf.TensorSpec([], tf.string))
     elements = [(tf.constant([1, 2, 3], tf.int8), tf.constant([0.5, i], tf.float64), tf.constant(b"s" * i))
                 for i in range(3)]
     codec, chunks, decoded = _roundtrip(spec, elements)
     small, floats, strings = decoded[0]
-    assert floats.ctypes.data % 8 == 0 and not floats.flags.writeable and floats.base is not None
+    # Aligned as TensorFlow needs to take the memory over without copying it.
+    assert all(a.ctypes.data % wire.TF_ALIGNMENT == 0 for a in (small, floats))
     np.testing.assert_array_equal(floats, [[0.5, 0], [0.5, 1], [0.5, 2]])
     assert small.tolist() == [[1, 2, 3]] * 3 and strings.tolist() == [b"", b"s", b"ss"]
+
+
+def test_tf_aligned_copies_only_unaligned_arrays():
+    raw = np.arange(1024, dtype=np.uint8)
+    start = -raw.ctypes.data % wire.TF_ALIGNMENT
+    aligned_view = raw[start:start + 512].view(np.float64)
+    assert wire.tf_aligned(aligned_view) is aligned_view
+    unaligned = raw[start + 8:start + 8 + 512].view(np.float64).reshape(8, 8)
+    copy = wire.tf_aligned(unaligned)
+    assert copy is not unaligned and copy.ctypes.data % wire.TF_ALIGNMENT == 0
+    assert copy.shape == (8, 8) and copy.dtype == np.float64
+    np.testing.assert_array_equal(copy, unaligned)
 
 
 def test_compressed_buffers_round_trip_through_a_frame():
