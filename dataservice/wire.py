@@ -197,8 +197,15 @@ def tf_aligned(array: np.ndarray) -> np.ndarray:
     frame sooner)."""
     if array.ctypes.data % TF_ALIGNMENT == 0 or array.nbytes == 0:
         return array
-    raw = np.empty(array.nbytes + TF_ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % TF_ALIGNMENT
-    aligned = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    aligned = tf_aligned_empty(array.shape, array.dtype)
     np.copyto(aligned, array)
     return aligned
+
+
+def tf_aligned_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized array at a TF_ALIGNMENT-aligned address."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % TF_ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)

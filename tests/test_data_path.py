@@ -14,9 +14,10 @@ import tensorflow as tf
 
 import dataservice as service
 from dataservice import graph as graph_lib
-from dataservice import malloc_tuning
+from dataservice import malloc_tuning, wire
 from dataservice.client import api
 from dataservice.client.channels import SharedChannels
+from dataservice.client.reader import _concatenate
 from dataservice.local_cluster import LocalCluster
 from dataservice.worker.dataset_cache import DatasetCache
 
@@ -186,3 +187,11 @@ def test_a_client_reading_large_elements_keeps_freed_memory_unless_told_not_to()
     opted_out = _freed_after_large_reads(**{malloc_tuning.CLIENT_OPT_OUT_ENV: "0"})
     assert kept >= malloc_tuning.TOP_PAD_BYTES // 2, (kept, opted_out)
     assert opted_out < malloc_tuning.TOP_PAD_BYTES // 2, (kept, opted_out)
+
+
+def test_merged_chunks_are_aligned_for_tensorflow_and_strings_merge_too():
+    floats = _concatenate((np.ones((3, 2), np.float32), np.zeros((2, 2), np.float32)))
+    assert floats.shape == (5, 2) and floats.ctypes.data % wire.TF_ALIGNMENT == 0
+    np.testing.assert_array_equal(floats, [[1, 1]] * 3 + [[0, 0]] * 2)
+    strings = _concatenate((np.array([b"a"], dtype=object), np.array([b"bb", b""], dtype=object)))
+    assert strings.tolist() == [b"a", b"bb", b""]

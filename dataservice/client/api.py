@@ -49,6 +49,13 @@ def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
     return dispatcher_timeout_ms / 1000
 
 
+def _call_dispatcher(address: str, method: str, request, what: str, timeout_s: float):
+    """One call to the dispatcher's `method`, on the channel shared with this process's readers."""
+    with channels.holding(address) as channel:
+        return rpc.call(getattr(dispatcher_pb2_grpc.DispatcherServiceStub(channel), method), request,
+                        server=f"dispatcher at {address}", what=what, timeout_s=timeout_s)
+
+
 def _dataset_id_str(dataset_id: DatasetId) -> str:
     if isinstance(dataset_id, tf.Tensor):
         dataset_id = dataset_id.numpy()
@@ -78,14 +85,12 @@ def _register(address: str, dataset: tf.data.Dataset, compression: Optional[str]
     if splittable:
         # Refuse an unsplittable pipeline here, not at the first element.
         splits.find_sources(graph)
-    with channels.holding(address) as channel:
-        response = rpc.call(
-            dispatcher_pb2_grpc.DispatcherServiceStub(channel).RegisterDataset,
-            dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=metadata,
-                                                  requested_dataset_id=requested, prepare_workers=prepare_workers),
-            server=f"dispatcher at {address}", what="registering a dataset", timeout_s=timeout_s,
-        )
-    return response.dataset_id
+    return _call_dispatcher(
+        address, "RegisterDataset",
+        dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=metadata,
+                                              requested_dataset_id=requested, prepare_workers=prepare_workers),
+        "registering a dataset", timeout_s,
+    ).dataset_id
 
 
 def register_dataset(service: Service, dataset: tf.data.Dataset, compression: Optional[str] = "AUTO",
@@ -223,13 +228,10 @@ def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: 
     cardinality = tf.data.UNKNOWN_CARDINALITY
     compression = common_pb2.COMPRESSION_AUTO
     if element_spec is None:
-        with channels.holding(address) as channel:
-            metadata = rpc.call(
-                dispatcher_pb2_grpc.DispatcherServiceStub(channel).GetDataServiceMetadata,
-                dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id),
-                server=f"dispatcher at {address}", what=f"fetching the element spec of dataset {dataset_id!r}",
-                timeout_s=options.timeout_s,
-            ).metadata
+        metadata = _call_dispatcher(
+            address, "GetDataServiceMetadata", dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id),
+            f"fetching the element spec of dataset {dataset_id!r}", options.timeout_s,
+        ).metadata
         element_spec = graph_lib.decode_element_spec(metadata.element_spec)
         cardinality = metadata.cardinality
         compression = metadata.compression

@@ -96,7 +96,7 @@ class IterationReader:
             if len(taken) == 1:
                 yield taken[0][2]
             else:
-                yield tuple(np.concatenate(parts) for parts in zip(*(item for _, _, item in taken)))
+                yield tuple(_concatenate(parts) for parts in zip(*(item for _, _, item in taken)))
 
     def _finished(self) -> bool:
         with self._lock:
@@ -187,6 +187,15 @@ class IterationReader:
     @property
     def stopped(self) -> threading.Event:
         return self.session.stopped
+
+
+def _concatenate(parts: tuple) -> np.ndarray:
+    """The stacked parts as one array; numeric ones at an address TensorFlow adopts without copying
+    (strings are copied into tensors whatever their address)."""
+    if parts[0].dtype == object:
+        return np.concatenate(parts)
+    out = wire.tf_aligned_empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
+    return np.concatenate(parts, out=out)
 
 
 class _TaskStream:
