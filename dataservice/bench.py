@@ -82,13 +82,22 @@ class _OurCluster:
         self.local.stop()
 
 
+# The consumer batches elements so that its Python loop is not the bottleneck: up to
+# 256 a batch, and up to BATCH_BYTES. Larger batches of large elements would time the
+# consumer: a 256 MiB batch of 1 MiB elements is a fresh mmap that the kernel faults in
+# page by page (1.4-2.1 s of system time in a 2-3 s run, with either service).
+MAX_BATCH = 256
+BATCH_BYTES = 4 * 1024 * 1024
+
+
 def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0) -> Dict[str, float]:
     """Iterates in batches (so the Python loop is not the bottleneck) and times it
     up to the end of sequence. The iterator is destroyed after the clock stops:
     with autotune on, TensorFlow's iterator destruction can block for a second or
     more whatever the source (seen with local pipelines too), which says nothing
     about the data path."""
-    iterator = iter(dataset.batch(256))
+    batch = max(1, min(MAX_BATCH, BATCH_BYTES // max(1, bytes_per_element)))
+    iterator = iter(dataset.batch(batch))
     start = time.perf_counter()
     elements = 0
     for batch in iterator:
@@ -237,7 +246,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
                           lambda ds: _count(ds)["elements_per_s"], repeats=repeats)
         if 2 in workloads:
             mib = 1024 * 1024
-            n_big = max(20, int(400 * scale))
+            n_big = max(20, int(1000 * scale))
             # One random 1 MiB tensor, repeated: the workload measures moving it, not making it.
             payload = tf.random.stateless_uniform([mib // 4], seed=[1, 2])
             make_big = lambda trial: tf.data.Dataset.from_tensors(payload).repeat(n_big)  # noqa: E731

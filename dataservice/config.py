@@ -27,6 +27,10 @@ def _check_protocol(protocol: str) -> None:
         raise ValueError(f"protocol must be 'grpc', got {protocol!r}")
 
 
+# Data transfer protocols a worker can offer besides gRPC; None: the fastest, "tcp".
+DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp")
+
+
 def _positive_or_default(name: str, value: Optional[int], default: int) -> int:
     if value is None:
         return default
@@ -97,6 +101,13 @@ class WorkerConfig:
     port: the port to bind; 0 picks a free one.
     heartbeat_interval_ms: how often the worker reports to the dispatcher.
     dispatcher_timeout_ms: how long the worker keeps retrying an unreachable dispatcher.
+    data_transfer_protocol: how clients read elements: "tcp" (the default, also
+      for None) offers a plain TCP stream next to gRPC, without gRPC's copies
+      (dataservice/tcp_transfer.py); "grpc" serves elements over gRPC only.
+    data_transfer_address: the address clients reach the TCP transfer at;
+      "%dts_port%" is replaced by its bound port. Default: worker_address's
+      host with ":%dts_port%".
+    data_transfer_port: the port the TCP transfer binds; 0 picks a free one.
     """
 
     dispatcher_address: str
@@ -105,6 +116,9 @@ class WorkerConfig:
     protocol: str = "grpc"
     heartbeat_interval_ms: Optional[int] = None
     dispatcher_timeout_ms: Optional[int] = None
+    data_transfer_protocol: Optional[str] = None
+    data_transfer_address: Optional[str] = None
+    data_transfer_port: int = 0
 
     def __post_init__(self) -> None:
         from dataservice.rpc import strip_protocol  # local import: rpc imports grpc, config stays light
@@ -118,6 +132,17 @@ class WorkerConfig:
             object.__setattr__(self, "worker_address", "localhost:%port%")
         elif not isinstance(self.worker_address, str) or not self.worker_address:
             raise ValueError(f"worker_address must be 'host:port', got {self.worker_address!r}")
+        if self.data_transfer_protocol is None:
+            object.__setattr__(self, "data_transfer_protocol", "tcp")
+        elif self.data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:
+            raise ValueError("data_transfer_protocol must be None, 'grpc' or 'tcp', "
+                             f"got {self.data_transfer_protocol!r}")
+        _check_port(self.data_transfer_port)
+        if self.data_transfer_address is None:
+            host = self.worker_address.rpartition(":")[0] if ":" in self.worker_address else self.worker_address
+            object.__setattr__(self, "data_transfer_address", f"{host}:%dts_port%")
+        elif not isinstance(self.data_transfer_address, str) or ":" not in self.data_transfer_address:
+            raise ValueError(f"data_transfer_address must be 'host:port', got {self.data_transfer_address!r}")
         object.__setattr__(
             self,
             "heartbeat_interval_ms",

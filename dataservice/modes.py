@@ -69,7 +69,8 @@ def parse_target_workers(target_workers: str) -> int:
     return _TARGET_WORKERS[key]
 
 
-def parse_data_transfer_protocol(protocol: Optional[str]) -> None:
-    """Only gRPC carries data today; None means the default (gRPC)."""
-    if protocol not in (None, "grpc"):
-        raise ValueError(f"data_transfer_protocol must be None or 'grpc', got {protocol!r}")
+def parse_data_transfer_protocol(protocol: Optional[str]) -> Optional[str]:
+    """None (TCP from workers that offer it, else gRPC), "tcp" (the same) or "grpc" (gRPC only)."""
+    if protocol not in (None, "grpc", "tcp"):
+        raise ValueError(f"data_transfer_protocol must be None, 'grpc' or 'tcp', got {protocol!r}")
+    return protocol

@@ -98,6 +98,30 @@ class ServiceError(Exception):
         self.message = message
 
 
+class RemoteError(grpc.RpcError):
+    """A status that reached the client outside gRPC (the TCP data transfer), with
+    grpc.RpcError's code() and details() so that it is handled as gRPC's are."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def status_code(value: Optional[int]) -> grpc.StatusCode:
+    """The gRPC status code numbered `value` (TensorFlow's error codes are the same numbers), else UNKNOWN."""
+    for status in grpc.StatusCode:
+        if status.value[0] == value:
+            return status
+    return grpc.StatusCode.UNKNOWN
+
+
 def invalid_argument(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
 

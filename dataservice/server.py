@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker_address", help="worker: address clients reach it at (%%port%% = bound port)")
     parser.add_argument("--heartbeat_interval_ms", type=int, help="worker: heartbeat period")
     parser.add_argument("--dispatcher_timeout_ms", type=int, help="worker: how long to retry the dispatcher")
+    parser.add_argument("--data_transfer_protocol", choices=["tcp", "grpc"],
+                        help="worker: how clients read elements (default tcp, next to gRPC)")
+    parser.add_argument("--data_transfer_address",
+                        help="worker: address clients reach the TCP transfer at (%%dts_port%% = its bound port)")
+    parser.add_argument("--data_transfer_port", type=int, help="worker: port of the TCP transfer (0: a free port)")
     parser.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 

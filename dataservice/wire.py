@@ -1,6 +1,6 @@
 """Elements on the wire: frames of a protobuf header and raw tensor buffers.
 
-A data message (a StreamElements or GetElement response) is a frame:
+A data message (a StreamElements or GetElement response) over gRPC is a frame:
 
     u32 little-endian header size | header (the response proto) | buffers
 
@@ -12,6 +12,11 @@ reads each tensor as a numpy view of the received bytes, or, where that view
 is not aligned as TensorFlow needs to adopt it, as an aligned copy made on the
 receiving thread: no tensor byte goes through protobuf, and no TensorProto is
 built per element.
+
+Over the worker's TCP data transfer (tcp_transfer.py) the same header and
+buffers travel as a stream message whose body the worker sends from the
+arrays' own memory and the client receives straight into aligned memory: no
+copy at either end besides the kernel's.
 
 Composite tensors (sparse, ragged) travel as their component tensors, in
 tf.nest.flatten(expand_composites=True) order, and are rebuilt inside tf.data
@@ -40,10 +45,12 @@ Header = TypeVar("Header", bound=Message)
 
 _HEADER_SIZE = struct.Struct("<I")
 _ALIGNMENT = 8
-_PADDING = bytes(_ALIGNMENT)
 # TensorFlow adopts a numpy array's memory as a tensor's when it is aligned to this
 # (EIGEN_MAX_ALIGN_BYTES); otherwise it copies the array as tf.data takes it.
 TF_ALIGNMENT = 64
+_PADDING = bytes(TF_ALIGNMENT)
+# A TCP data message's sizes: its header's and its body's.
+STREAM_PREFIX = struct.Struct("<IQ")
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,36 +59,74 @@ def numpy_dtype(dtype_enum: int) -> np.dtype:
 
 
 def frame(header: Message, buffers: Sequence[Buffer] = ()) -> bytes:
-    """The header and the buffers as one message (the only copy of the buffers' bytes)."""
+    """The header and the buffers as one gRPC message (the only copy of the buffers' bytes)."""
     head = header.SerializeToString()
     parts: List[Buffer] = [_HEADER_SIZE.pack(len(head)), head]
-    offset = _HEADER_SIZE.size + len(head)
-    for buffer in buffers:
-        padding = -offset % _ALIGNMENT
-        if padding:
-            parts.append(_PADDING[:padding])
-        parts.append(buffer)
-        offset += padding + len(buffer)
-    return b"".join(parts)
+    body, _ = _body(buffers, _ALIGNMENT, _HEADER_SIZE.size + len(head))
+    return b"".join(parts + body)
 
 
-def unframe(data: bytes, header_type: Type[Header]) -> Tuple[Header, int]:
-    """The frame's header and the offset of its first buffer."""
+def unframe(data: bytes, header_type: Type[Header]) -> Tuple[Header, "FrameBuffers"]:
+    """The frame's header and its buffers."""
     if len(data) < _HEADER_SIZE.size:
         raise ValueError(f"a data message of {len(data)} bytes is too short to be a frame")
     (size,) = _HEADER_SIZE.unpack_from(data)
     end = _HEADER_SIZE.size + size
     if end > len(data):
         raise ValueError(f"a frame's header claims {size} bytes but the message has {len(data)}")
-    return header_type.FromString(memoryview(data)[_HEADER_SIZE.size:end]), end
+    return header_type.FromString(memoryview(data)[_HEADER_SIZE.size:end]), FrameBuffers(data, end, _ALIGNMENT)
 
 
-def _take(data: bytes, offset: int, size: int) -> Tuple[memoryview, int]:
-    """The buffer of `size` bytes at the next aligned offset, and the offset after it."""
-    start = offset + (-offset % _ALIGNMENT)
-    if start + size > len(data):
-        raise ValueError(f"a frame of {len(data)} bytes ends inside a buffer ({size} bytes at {start})")
-    return memoryview(data)[start:start + size], start + size
+def stream_message(header: Message, buffers: Sequence[Buffer] = ()) -> Tuple[List[Buffer], int]:
+    """The header and the buffers as the parts of one TCP data message (tcp_transfer.py), sent as
+    they are, and the message's size:
+
+        u32 header size | u64 body size | header | body
+
+    The body holds the buffers at offsets from its start that are multiples of
+    TF_ALIGNMENT: received into TF_ALIGNMENT-aligned memory, every numeric
+    tensor is where TensorFlow adopts it without a copy."""
+    head = header.SerializeToString()
+    body, body_size = _body(buffers, TF_ALIGNMENT, 0)
+    parts: List[Buffer] = [STREAM_PREFIX.pack(len(head), body_size), head, *body]
+    return parts, STREAM_PREFIX.size + len(head) + body_size
+
+
+def _body(buffers: Sequence[Buffer], alignment: int, offset: int) -> Tuple[List[Buffer], int]:
+    """The buffers, each padded to start at a multiple of `alignment` counting from `offset`
+    bytes before the first, and their size with the padding."""
+    parts: List[Buffer] = []
+    start = offset
+    for buffer in buffers:
+        padding = -offset % alignment
+        if padding:
+            parts.append(_PADDING[:padding])
+        parts.append(buffer)
+        offset += padding + len(buffer)
+    return parts, offset - start
+
+
+class FrameBuffers:
+    """The tensor buffers of one data message, taken in order: each starts at the
+    next multiple of the message's alignment."""
+
+    def __init__(self, data: Union[bytes, np.ndarray], offset: int, alignment: int):
+        self._data = memoryview(data)
+        self._offset = offset
+        self._alignment = alignment
+
+    def take(self, size: int) -> memoryview:
+        start = self._offset + (-self._offset % self._alignment)
+        if start + size > len(self._data):
+            raise ValueError(f"a data message of {len(self._data)} bytes ends inside a buffer "
+                             f"({size} bytes at {start})")
+        self._offset = start + size
+        return self._data[start:start + size]
+
+    @property
+    def unread(self) -> int:
+        """Bytes of the message after the last buffer taken."""
+        return len(self._data) - self._offset
 
 
 class ElementCodec:
@@ -164,17 +209,17 @@ class ElementCodec:
 
     # ---- decoding (clients) ----------------------------------------------
 
-    def decode(self, chunk: common_pb2.ElementChunk, data: bytes, offset: int) -> Tuple[tuple, int]:
-        """The chunk's components as numpy arrays (views of `data` unless compressed or
-        strings; stacked chunks keep their leading dimension), and the offset of the
-        frame's next buffer."""
+    def decode(self, chunk: common_pb2.ElementChunk, buffers: FrameBuffers) -> tuple:
+        """The chunk's components as numpy arrays, taken from `buffers` (views of the
+        received message unless compressed or strings; stacked chunks keep their
+        leading dimension)."""
         if len(chunk.components) != len(self.component_specs):
             raise ValueError(f"a chunk has {len(chunk.components)} components but the element spec has "
                              f"{len(self.component_specs)}")
         out = []
         for tensor, is_string in zip(chunk.components, self.is_string):
             shape = tuple(tensor.shape)
-            buffer, offset = _take(data, offset, tensor.size)
+            buffer = buffers.take(tensor.size)
             buffer = compression.decompress(tensor.compression, buffer, tensor.uncompressed_size)
             if is_string:
                 array = np.empty(len(tensor.string_lengths), dtype=object)
@@ -185,7 +230,7 @@ class ElementCodec:
                 out.append(array.reshape(shape))
             else:
                 out.append(tf_aligned(np.frombuffer(buffer, dtype=numpy_dtype(tensor.dtype)).reshape(shape)))
-        return tuple(out), offset
+        return tuple(out)
 
 
 def tf_aligned(array: np.ndarray) -> np.ndarray:

@@ -1,11 +1,14 @@
 """Pipeline fingerprints and the element codec."""
 
+import socket
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from dataservice import graph as graph_lib
-from dataservice import wire
+from dataservice import tcp_transfer, wire
 from dataservice.v1 import common_pb2, worker_pb2
 from dataservice.wire import ElementCodec
 
@@ -42,62 +45,85 @@ def test_datasets_as_elements_are_refused():
         graph_lib.check_element_spec(ds.element_spec)
 
 
-def _roundtrip(spec, elements, compress=False):
-    """Encodes the elements into a frame and decodes them from it, as a worker and a client do."""
+def _send_over_tcp(header, buffers):
+    """The header and buffers sent as a worker's TCP transfer does, over a real socket pair, and
+    what the receiving end reads back."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        parts, size = wire.stream_message(header, buffers)
+        sender = threading.Thread(target=tcp_transfer.send_parts, args=(ours, parts))
+        sender.start()
+        received = tcp_transfer.recv_response(theirs)
+        sender.join()
+    assert size == sum(len(memoryview(p).cast("B")) for p in parts)
+    return received
+
+
+def _roundtrip(spec, elements, compress=False, transfer="grpc"):
+    """Encodes the elements into a data message and decodes them from it, as a worker and a client do."""
     codec = ElementCodec(spec)
     components = [codec.to_components(e) for e in elements]
     chunks, buffers = codec.encode(components, compress)
-    data = wire.frame(worker_pb2.StreamElementsResponse(chunks=chunks), buffers)
-    header, offset = wire.unframe(data, worker_pb2.StreamElementsResponse)
-    decoded = []
-    for chunk in header.chunks:
-        arrays, offset = codec.decode(chunk, data, offset)
-        decoded.append(arrays)
-    assert offset == len(data)
+    header = worker_pb2.StreamElementsResponse(chunks=chunks)
+    if transfer == "grpc":
+        header, received = wire.unframe(wire.frame(header, buffers), worker_pb2.StreamElementsResponse)
+    else:
+        header, received = _send_over_tcp(header, buffers)
+    decoded = [codec.decode(chunk, received) for chunk in header.chunks]
+    assert received.unread == 0
     return codec, list(header.chunks), decoded
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.int8, tf.uint16, tf.int64, tf.bool, tf.bfloat16,
                                    tf.complex64, tf.half])
-def test_fixed_shape_elements_are_stacked(dtype):
+@pytest.mark.parametrize("transfer", ["grpc", "tcp"])
+def test_fixed_shape_elements_are_stacked(dtype, transfer):
     elements = [tf.cast(tf.reshape(tf.range(6) + i, [2, 3]), dtype) for i in range(5)]
-    codec, chunks, decoded = _roundtrip(tf.TensorSpec([2, 3], dtype), elements)
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([2, 3], dtype), elements, transfer=transfer)
     assert codec.stackable and len(chunks) == 1 and chunks[0].num_elements == 5
     (stacked,) = decoded[0]
     assert stacked.shape == (5, 2, 3)
     np.testing.assert_array_equal(stacked, np.stack([e.numpy() for e in elements]))
 
 
-def test_strings_round_trip_stacked_and_alone():
+@pytest.mark.parametrize("transfer", ["grpc", "tcp"])
+def test_strings_round_trip_stacked_and_alone(transfer):
     elements = [tf.constant([b"", b"a\x00b", "ü".encode()]), tf.constant([b"x" * 1000, b"y", b"z"])]
-    codec, chunks, decoded = _roundtrip(tf.TensorSpec([3], tf.string), elements)
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([3], tf.string), elements, transfer=transfer)
     assert decoded[0][0].tolist() == [e.numpy().tolist() for e in elements]
-    codec, chunks, decoded = _roundtrip(tf.TensorSpec([], tf.string), [tf.constant(b"only")])
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([], tf.string), [tf.constant(b"only")], transfer=transfer)
     assert decoded[0][0].tolist() == [b"only"]
 
 
-def test_varying_shapes_travel_one_element_a_chunk():
+@pytest.mark.parametrize("transfer", ["grpc", "tcp"])
+def test_varying_shapes_travel_one_element_a_chunk(transfer):
     elements = [tf.range(i) for i in range(4)]
-    codec, chunks, decoded = _roundtrip(tf.TensorSpec([None], tf.int32), elements)
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([None], tf.int32), elements, transfer=transfer)
     assert not codec.stackable and len(chunks) == 4
     assert [d[0].tolist() for d in decoded] == [list(range(i)) for i in range(4)]
 
 
-def test_ragged_travels_as_components():
+@pytest.mark.parametrize("transfer", ["grpc", "tcp"])
+def test_ragged_travels_as_components(transfer):
     element = tf.ragged.constant([[1, 2], [], [3]])
-    codec, chunks, decoded = _roundtrip(tf.RaggedTensorSpec([3, None], tf.int32, ragged_rank=1), [element])
+    spec = tf.RaggedTensorSpec([3, None], tf.int32, ragged_rank=1)
+    codec, chunks, decoded = _roundtrip(spec, [element], transfer=transfer)
     values, splits = decoded[0]
     assert values.tolist() == [1, 2, 3] and splits.tolist() == [0, 2, 2, 3]
 
 
-def test_frames_carry_buffers_aligned_and_decode_to_arrays_tensorflow_adopts():
+@pytest.mark.parametrize("transfer", ["grpc", "tcp"])
+def test_frames_carry_buffers_aligned_and_decode_to_arrays_tensorflow_adopts(transfer):
     spec = (tf.TensorSpec([3], tf.int8), tf.TensorSpec([2], tf.float64), tf.TensorSpec([], tf.string))
     elements = [(tf.constant([1, 2, 3], tf.int8), tf.constant([0.5, i], tf.float64), tf.constant(b"s" * i))
                 for i in range(3)]
-    codec, chunks, decoded = _roundtrip(spec, elements)
+    codec, chunks, decoded = _roundtrip(spec, elements, transfer=transfer)
     small, floats, strings = decoded[0]
     # Aligned as TensorFlow needs to take the memory over without copying it.
     assert all(a.ctypes.data % wire.TF_ALIGNMENT == 0 for a in (small, floats))
+    if transfer == "tcp":
+        # Received into aligned memory: the arrays are views of it, not copies.
+        assert not small.flags.owndata and not floats.flags.owndata
     np.testing.assert_array_equal(floats, [[0.5, 0], [0.5, 1], [0.5, 2]])
     assert small.tolist() == [[1, 2, 3]] * 3 and strings.tolist() == [b"", b"s", b"ss"]
 
@@ -114,9 +140,10 @@ def test_tf_aligned_copies_only_unaligned_arrays():
     np.testing.assert_array_equal(copy, unaligned)
 
 
-def test_compressed_buffers_round_trip_through_a_frame():
+@pytest.mark.parametrize("transfer", ["grpc", "tcp"])
+def test_compressed_buffers_round_trip_through_a_frame(transfer):
     elements = [tf.zeros([4096], tf.float32), tf.ones([4096], tf.float32)]
-    codec, chunks, decoded = _roundtrip(tf.TensorSpec([4096], tf.float32), elements, compress=True)
+    codec, chunks, decoded = _roundtrip(tf.TensorSpec([4096], tf.float32), elements, compress=True, transfer=transfer)
     tensor = chunks[0].components[0]
     assert tensor.compression == common_pb2.COMPRESSION_LZ4 and tensor.size < tensor.uncompressed_size // 50
     np.testing.assert_array_equal(decoded[0][0], np.stack([np.zeros(4096), np.ones(4096)]))
@@ -126,9 +153,9 @@ def test_a_truncated_frame_is_an_error_not_garbage():
     codec = ElementCodec(tf.TensorSpec([256], tf.int64))
     chunks, buffers = codec.encode([[np.arange(256)]])
     data = wire.frame(worker_pb2.StreamElementsResponse(chunks=chunks), buffers)
-    header, offset = wire.unframe(data[:-8], worker_pb2.StreamElementsResponse)
+    header, buffers = wire.unframe(data[:-8], worker_pb2.StreamElementsResponse)
     with pytest.raises(ValueError, match="ends inside a buffer"):
-        codec.decode(header.chunks[0], data[:-8], offset)
+        codec.decode(header.chunks[0], buffers)
     with pytest.raises(ValueError, match="too short"):
         wire.unframe(b"\x01", worker_pb2.StreamElementsResponse)
     with pytest.raises(ValueError, match="claims"):

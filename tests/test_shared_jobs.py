@@ -16,7 +16,7 @@ import tensorflow as tf
 from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
-from dataservice import compression
+from dataservice import compression, wire
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
 from dataservice.local_cluster import LocalCluster
@@ -311,7 +311,8 @@ def test_auto_compression_compresses_only_what_shrinks():
     codec = ElementCodec(tf.TensorSpec([1024], tf.float32))
     (chunk,), (buffer,) = codec.encode([[np.zeros(1024, np.float32)]] * 8, compress=True)
     assert chunk.components[0].compression == common_pb2.COMPRESSION_LZ4 and len(buffer) < 1024
-    np.testing.assert_array_equal(codec.decode(chunk, bytes(buffer), 0)[0][0], np.zeros((8, 1024), np.float32))
+    decoded = codec.decode(chunk, wire.FrameBuffers(bytes(buffer), 0, 8))[0]
+    np.testing.assert_array_equal(decoded, np.zeros((8, 1024), np.float32))
 
 
 def test_consumers_of_a_shared_job_may_use_either_compression(cluster):

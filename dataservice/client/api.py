@@ -126,7 +126,7 @@ class _ReadOptions:
         if max_outstanding_requests is not None and (
                 not isinstance(max_outstanding_requests, int) or max_outstanding_requests <= 0):
             raise ValueError(f"max_outstanding_requests must be a positive integer, got {max_outstanding_requests!r}")
-        modes.parse_data_transfer_protocol(data_transfer_protocol)
+        self.data_transfer_protocol = modes.parse_data_transfer_protocol(data_transfer_protocol)
         if cross_trainer_cache is not None:
             raise NotImplementedError("cross_trainer_cache is not supported yet")
         self.target_workers = modes.parse_target_workers(target_workers)
@@ -184,7 +184,8 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
                                        options.timeout_s, compression)
             chunks = iter(reader)
         else:
-            reader = IterationReader(address, job, next(repetitions), codec, budget, options.timeout_s, compression)
+            reader = IterationReader(address, job, next(repetitions), codec, budget, options.timeout_s, compression,
+                                     options.data_transfer_protocol)
             chunks = reader.chunks(merge_up_to)
         try:
             for chunk in chunks:

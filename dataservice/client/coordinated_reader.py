@@ -69,10 +69,10 @@ class CoordinatedReader:
             self._round += 1
             if read is None:
                 continue  # the task's worker was lost: everyone skips its rounds
-            response, data, offset = read
+            response, buffers = read
             if response.end_of_sequence:
                 return
-            yield self.codec.decode(response.chunk, data, offset)[0]
+            yield self.codec.decode(response.chunk, buffers)
 
     def _task_of_round(self, round_index: int) -> Optional[common_pb2.TaskInfo]:
         """The task serving the round (lost ones included: their rounds are skipped, which
@@ -99,13 +99,13 @@ class CoordinatedReader:
                     return None
 
     def _read(self, task: common_pb2.TaskInfo, round_index: int
-              ) -> Optional[Tuple[worker_pb2.GetElementResponse, bytes, int]]:
-        """The consumer's element of the round (the frame's header, the frame and the offset of
-        its first buffer); None when the task's worker is lost."""
+              ) -> Optional[Tuple[worker_pb2.GetElementResponse, wire.FrameBuffers]]:
+        """The consumer's element of the round (the frame's header and buffers); None when the
+        task's worker is lost."""
         request = worker_pb2.GetElementRequest(
             task_id=task.task_id, iteration_client_id=self.client_id, consumer_index=self._consumer_index,
             round=round_index, compression=self._compression)
-        stub = self._stub(task.transfer_address)
+        stub = self._stub(task.worker_address)
         backoff = rpc.Backoff(self._timeout_s)
         while not self.session.stopped.is_set():
             if self._task_lost(task.task_id):
@@ -123,10 +123,10 @@ class CoordinatedReader:
                                              f"worker {task.worker_address}") from None
                 self.session.wake()
                 continue
-            response, offset = wire.unframe(data, worker_pb2.GetElementResponse)
+            response, buffers = wire.unframe(data, worker_pb2.GetElementResponse)
             if response.not_ready:
                 continue  # the other consumers have not reached this round yet
-            return response, data, offset
+            return response, buffers
         return None
 
     def _task_lost(self, task_id: int) -> bool:

@@ -21,8 +21,8 @@ import grpc
 import numpy as np
 import tensorflow as tf
 
-from dataservice import data_transfer, rpc, wire
-from dataservice.client.channels import channels
+from dataservice import rpc, wire
+from dataservice.client.element_streams import ElementStream, open_stream
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.wire import ElementCodec
@@ -40,8 +40,9 @@ class IterationReader:
     """An iterator over decoded chunks (tuples of component arrays) of one iteration."""
 
     def __init__(self, dispatcher_address: str, job: JobSpec, repetition: int, codec: ElementCodec,
-                 max_outstanding: int, timeout_s: float, compression: int):
+                 max_outstanding: int, timeout_s: float, compression: int, protocol: Optional[str] = None):
         self.codec = codec
+        self.protocol = protocol
         self.timeout_s = timeout_s
         self.compression = compression
         self._budget = max(1, max_outstanding)
@@ -204,7 +205,7 @@ class _TaskStream:
     def __init__(self, reader: IterationReader, task: common_pb2.TaskInfo):
         self._reader = reader
         self._task = task
-        self._call: Optional[grpc.Future] = None
+        self._stream: Optional[ElementStream] = None
         self._cancel_lock = threading.Lock()
         self.done = False
         # Credit accounting, under the reader's lock: granted to the worker and not yet
@@ -212,18 +213,19 @@ class _TaskStream:
         self.outstanding = 0
         self.granted = 0
         self.received = 0
-        self._stub = data_transfer.WorkerDataStub(channels.acquire(task.transfer_address))
         self._thread = threading.Thread(target=self._run, name=f"stream-task-{task.task_id}", daemon=True)
         self._thread.start()
 
-    def _requests(self) -> Iterator[worker_pb2.StreamElementsRequest]:
+    def _requests(self, ended: threading.Event) -> Iterator[worker_pb2.StreamElementsRequest]:
+        """The requests of one connection, until `ended`: a connection that is over grants
+        nothing more, so that what the next one re-grants is all that was not used."""
         reader = self._reader
         # Credits granted on an earlier connection and not used are granted again.
         unused = self.granted - self.received
         yield worker_pb2.StreamElementsRequest(
             task_id=self._task.task_id, iteration_client_id=reader.client_id, compression=reader.compression,
             credits=unused + reader.grant(self, 0))
-        while not reader.stopped.is_set() and not self.done:
+        while not reader.stopped.is_set() and not self.done and not ended.is_set():
             count = reader.grant(self, 0.5)
             if count:
                 yield worker_pb2.StreamElementsRequest(credits=count)
@@ -232,15 +234,17 @@ class _TaskStream:
         reader = self._reader
         backoff = rpc.Backoff(reader.timeout_s)
         while not reader.stopped.is_set():
-            with self._cancel_lock:
-                if reader.stopped.is_set():
-                    break
-                self._call = self._stub.StreamElements(self._requests())
+            ended = threading.Event()
+            stream: Optional[ElementStream] = None
             try:
-                for data in self._call:
-                    response, offset = wire.unframe(data, worker_pb2.StreamElementsResponse)
+                stream = open_stream(self._task, reader.protocol, self._requests(ended))
+                with self._cancel_lock:
+                    self._stream = stream
+                    if reader.stopped.is_set():
+                        stream.cancel()
+                for response, buffers in stream:
                     for chunk in response.chunks:
-                        components, offset = reader.codec.decode(chunk, data, offset)
+                        components = reader.codec.decode(chunk, buffers)
                         self.received += chunk.num_elements
                         reader.put(self, chunk.num_elements, components)
                     if response.end_of_sequence:
@@ -255,6 +259,10 @@ class _TaskStream:
                     return
                 error = rpc.to_tf_error(e, f"reading task {self._task.task_id} from worker {self._task.worker_address}")
                 retry = e.code() in rpc.RETRYABLE_CODES
+            finally:
+                ended.set()
+                if stream is not None:
+                    stream.close()
             if retry and reader.task_finished(self._task.task_id):
                 # The dispatcher gave up on this worker: read on from the others.
                 log.warning("task %d: worker %s is gone; reading on from the other workers",
@@ -268,9 +276,8 @@ class _TaskStream:
 
     def cancel(self) -> None:
         with self._cancel_lock:
-            if self._call is not None:
-                self._call.cancel()
+            if self._stream is not None:
+                self._stream.cancel()
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
-        channels.release(self._task.transfer_address)

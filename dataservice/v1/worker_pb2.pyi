@@ -42,12 +42,16 @@ class StreamElementsRequest(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ...) -> None: ...
 
 class StreamElementsResponse(_message.Message):
-    __slots__ = ("chunks", "end_of_sequence")
+    __slots__ = ("chunks", "end_of_sequence", "error_code", "error_message")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     END_OF_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.ElementChunk]
     end_of_sequence: bool
-    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ...) -> None: ...
+    error_code: int
+    error_message: str
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class GetElementRequest(_message.Message):
     __slots__ = ("task_id", "iteration_client_id", "consumer_index", "round", "compression")

@@ -1,0 +1,103 @@
+"""A task's StreamElements call, over the worker's TCP data transfer or over gRPC.
+
+Both yield (StreamElementsResponse, wire.FrameBuffers) and fail with a
+grpc.RpcError (rpc.RemoteError for TCP), so the reader handles them alike.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Iterator, Optional, Protocol, Tuple
+
+import grpc
+
+from dataservice import data_transfer, rpc, tcp_transfer, wire
+from dataservice.client.channels import channels
+from dataservice.v1 import common_pb2, worker_pb2
+
+Requests = Iterator[worker_pb2.StreamElementsRequest]
+Response = Tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]
+# How long a TCP connection to a worker may take to open before it counts as a transient failure.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def open_stream(task: common_pb2.TaskInfo, protocol: Optional[str], requests: Requests) -> "ElementStream":
+    """The stream of `task` over TCP where its worker offers it and `protocol` allows (None or "tcp"),
+    else over gRPC at the worker's address."""
+    address = tcp_transfer.transfer_address(task.transfer_address)
+    if address is not None and protocol != "grpc":
+        return TcpElementStream(address, requests)
+    return GrpcElementStream(task.worker_address, requests)
+
+
+class ElementStream(Protocol):
+    def __iter__(self) -> Iterator[Response]: ...
+
+    def cancel(self) -> None:
+        """Ends the stream from another thread: iteration stops with an error."""
+
+    def close(self) -> None:
+        """Releases what the stream holds, once it is over."""
+
+
+class GrpcElementStream:
+    def __init__(self, address: str, requests: Requests):
+        self._address = address
+        self._call = data_transfer.WorkerDataStub(channels.acquire(address)).StreamElements(requests)
+
+    def __iter__(self) -> Iterator[Response]:
+        for data in self._call:
+            yield wire.unframe(data, worker_pb2.StreamElementsResponse)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    def close(self) -> None:
+        self._call.cancel()
+        channels.release(self._address)
+
+
+class TcpElementStream:
+    """One TCP connection: requests go out on a thread of their own, responses are read by the iterating one."""
+
+    def __init__(self, address: str, requests: Requests):
+        self._address = address
+        try:
+            self._sock = tcp_transfer.connect(address, CONNECT_TIMEOUT_S)
+        except OSError as e:
+            raise rpc.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {e}") from None
+        self._sender = threading.Thread(target=self._send, args=(requests,), name=f"credits-to-{address}",
+                                        daemon=True)
+        self._sender.start()
+
+    def _send(self, requests: Requests) -> None:
+        try:
+            for request in requests:
+                tcp_transfer.send_request(self._sock, request)
+        except OSError:
+            pass  # the connection broke: the reading side reports it
+
+    def __iter__(self) -> Iterator[Response]:
+        while True:
+            try:
+                response, buffers = tcp_transfer.recv_response(self._sock)
+            except OSError as e:
+                raise rpc.RemoteError(grpc.StatusCode.UNAVAILABLE,
+                                      f"the data connection to {self._address} broke: {e}") from None
+            if response.error_code:
+                raise rpc.RemoteError(rpc.status_code(response.error_code), response.error_message)
+            yield response, buffers
+            if response.end_of_sequence:
+                return
+
+    def cancel(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.cancel()
+        self._sender.join(timeout=2)
+        self._sock.close()

@@ -1,0 +1,137 @@
+"""One client's stream of a task's elements, whichever transfer carries it (gRPC or TCP).
+
+The client's first request names the task and grants credits; later ones
+grant more. The worker sends at most as many elements as granted, in
+messages of up to max_elements_per_message elements and about
+MAX_BYTES_PER_MESSAGE bytes, and ends with end_of_sequence. A failure ends
+the stream with rpc.ServiceError, which each transfer turns into its own status.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Callable, Iterator, List, Tuple
+
+import grpc
+from google.protobuf.message import Message
+
+from dataservice import rpc, wire
+from dataservice.v1 import common_pb2, worker_pb2
+
+if TYPE_CHECKING:
+    from dataservice.worker.server import WorkerServer
+
+DEFAULT_MAX_ELEMENTS_PER_MESSAGE = 1024
+# Measured on loopback with 1 MiB elements (time to the last element): 512 KiB messages
+# (one big element each, no stacking copy) moved 292 MB/s, 2 MiB 232 MB/s, 16 MiB 213 MB/s.
+# Small elements still pack up to DEFAULT_MAX_ELEMENTS_PER_MESSAGE a message.
+MAX_BYTES_PER_MESSAGE = 512 * 1024
+# How long a stream for a task the worker has not heard of yet waits for it.
+UNKNOWN_TASK_WAIT_S = 5.0
+_TAKE_POLL_S = 0.5
+# How long a stream waits for more elements before it sends a partial message.
+LINGER_S = 0.005
+
+# A response header and the buffers that follow it.
+Response = Tuple[Message, List[wire.Buffer]]
+
+
+def grpc_code(error: BaseException) -> grpc.StatusCode:
+    """The gRPC code of a TensorFlow error, else INTERNAL."""
+    code = getattr(error, "error_code", None)
+    return grpc.StatusCode.INTERNAL if code is None else rpc.status_code(code)
+
+
+def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
+    message = getattr(error, "message", str(error))
+    return f"the pipeline of task {task_id} failed on worker {address}: {type(error).__name__}: {message}"
+
+
+def stopped_message(task_id: int) -> str:
+    return (f"task {task_id} was stopped by the dispatcher: its iteration ended, or the dispatcher "
+            "restarted without fault_tolerant_mode and no longer knows it")
+
+
+def stream_task(worker: "WorkerServer", request: worker_pb2.StreamElementsRequest,
+                later_requests: Iterator[worker_pb2.StreamElementsRequest],
+                is_active: Callable[[], bool]) -> Iterator[Response]:
+    """The responses (header and buffers) of the stream that `request` opens; `later_requests`
+    (read on a thread of its own) grant more credits. Raises rpc.ServiceError."""
+    runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
+    if runner is None:
+        if request.task_id in worker.finished_tasks:
+            yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
+            return
+        raise rpc.ServiceError(grpc.StatusCode.UNAVAILABLE,
+                               f"worker {worker.address} has no task {request.task_id} (yet)")
+    credits = _Credits(request.credits)
+    threading.Thread(target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}",
+                     daemon=True).start()
+    max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
+    compress = request.compression == common_pb2.COMPRESSION_AUTO
+    linger_s = 0.0  # the first message goes out at once: time to first element matters
+    try:
+        while is_active():
+            allowed = credits.wait(_TAKE_POLL_S)
+            if not allowed:
+                if credits.closed:
+                    return  # the client wants no more
+                continue
+            try:
+                elements, done = runner.take(min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S,
+                                             linger_s)
+                linger_s = LINGER_S
+            except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
+                raise rpc.ServiceError(grpc_code(e), pipeline_error(request.task_id, worker.address, e)) from None
+            credits.spend(len(elements))
+            if done:
+                worker.report_finished(request.task_id)
+            if elements or done:
+                chunks, buffers = runner.codec.encode(elements, compress)
+                yield worker_pb2.StreamElementsResponse(chunks=chunks, end_of_sequence=done), buffers
+                if done:
+                    return
+            elif runner.stopped:
+                raise rpc.ServiceError(grpc.StatusCode.CANCELLED, stopped_message(request.task_id))
+    finally:
+        credits.close()
+
+
+class _Credits:
+    """How many more elements a client can take: granted by its requests, spent by responses."""
+
+    def __init__(self, initial: int):
+        self._available = max(0, initial)
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def read(self, request_iterator) -> None:
+        """Adds the credits of the client's later requests (runs until the stream ends)."""
+        try:
+            for request in request_iterator:
+                with self._cond:
+                    self._available += max(0, request.credits)
+                    self._cond.notify_all()
+        except grpc.RpcError:
+            pass  # the stream was cancelled: the sending side sees it too
+        finally:
+            self.close()
+
+    def wait(self, timeout_s: float) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self._available > 0 or self._closed, timeout_s)
+            return self._available
+
+    def spend(self, count: int) -> None:
+        with self._cond:
+            self._available -= count
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        with self._cond:
+            return self._closed

@@ -1,0 +1,136 @@
+"""The worker's TCP data transfer server (protocol: dataservice/tcp_transfer.py).
+
+One thread accepts connections; each connection is one task stream, served
+on a thread of its own by streaming.stream_task, as gRPC's StreamElements is.
+At most MAX_STREAMS are served at once: a client over the limit is told
+UNAVAILABLE and retries, as it would on an overloaded gRPC server.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Callable, Iterator, Set
+
+import grpc
+
+from dataservice import rpc, tcp_transfer, wire
+from dataservice.v1 import worker_pb2
+from dataservice.worker import streaming
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 256
+
+StreamFn = Callable[[worker_pb2.StreamElementsRequest, Iterator[worker_pb2.StreamElementsRequest],
+                     Callable[[], bool]], Iterator[streaming.Response]]
+
+
+def _listen(port: int) -> socket.socket:
+    """A listening socket on all interfaces (IPv6 and IPv4 where the host has both)."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        host = "::"
+    except OSError:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        host = "0.0.0.0"
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"could not bind data transfer port {port}: {e}") from None
+    return sock
+
+
+class TcpTransferServer:
+    """Serves task streams over TCP with `stream_fn` (streaming.stream_task bound to a worker)."""
+
+    def __init__(self, stream_fn: StreamFn, port: int):
+        self._stream_fn = stream_fn
+        self._listener = _listen(port)
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._connections: Set[socket.socket] = set()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name="tcp-transfer-accept", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops accepting and ends every open stream (their clients see the connection close)."""
+        self._stopped.set()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            _shutdown(conn)
+        self._thread.join(timeout=2)
+
+    def _accept_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                if self._stopped.is_set():
+                    return
+                continue  # e.g. too many open files for a moment
+            with self._lock:
+                over = len(self._connections) >= MAX_STREAMS
+                if not over:
+                    self._connections.add(conn)
+            if over:
+                threading.Thread(target=self._refuse, args=(conn,), daemon=True).start()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="tcp-transfer-stream", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            tcp_transfer.configure(conn)
+            requests = tcp_transfer.read_requests(conn)
+            request = next(requests, None)
+            if request is None:
+                return
+            try:
+                for header, buffers in self._stream_fn(request, requests, lambda: not self._stopped.is_set()):
+                    tcp_transfer.send_parts(conn, wire.stream_message(header, buffers)[0])
+            except rpc.ServiceError as e:
+                _send_error(conn, e.code, e.message)
+        except OSError as e:
+            log.debug("a data transfer connection ended: %s", e)
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            _shutdown(conn)
+            conn.close()
+
+    @staticmethod
+    def _refuse(conn: socket.socket) -> None:
+        try:
+            _send_error(conn, grpc.StatusCode.UNAVAILABLE,
+                        f"the worker serves {MAX_STREAMS} data streams already: retry later")
+        except OSError:
+            pass
+        finally:
+            _shutdown(conn)
+            conn.close()
+
+
+def _send_error(conn: socket.socket, code: grpc.StatusCode, message: str) -> None:
+    header = worker_pb2.StreamElementsResponse(error_code=code.value[0], error_message=message)
+    tcp_transfer.send_parts(conn, wire.stream_message(header)[0])
+
+
+def _shutdown(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

@@ -1,0 +1,110 @@
+"""The worker's TCP data transfer next to gRPC: the same elements and errors either way,
+workers that offer only gRPC, and what a stranger on the data port cannot do."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dataservice as service
+from dataservice import rpc, tcp_transfer
+from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _registered_transfer_addresses(cluster) -> dict:
+    """worker address -> transfer address, as the dispatcher knows them."""
+    with grpc.insecure_channel(cluster.address) as channel:
+        response = dispatcher_pb2_grpc.DispatcherServiceStub(channel).GetWorkers(
+            dispatcher_pb2.GetWorkersRequest(), timeout=10)
+    return {w.address: w.transfer_address for w in response.workers}
+
+
+def _mixed_elements() -> tf.data.Dataset:
+    """Varying shapes, strings and a nested structure: elements that travel one a chunk."""
+    return tf.data.Dataset.range(200).map(
+        lambda x: {"id": x, "words": tf.fill([x % 5], tf.strings.as_string(x)), "vec": tf.range(x % 7)})
+
+
+def _as_lists(dataset: tf.data.Dataset) -> list:
+    return [{k: v.tolist() for k, v in e.items()} for e in dataset.as_numpy_iterator()]
+
+
+@pytest.mark.parametrize("protocol", [None, "tcp", "grpc"])
+def test_every_protocol_reads_the_same_elements(cluster, protocol):
+    read = _mixed_elements().apply(service.distribute("parallel_epochs", cluster.target,
+                                                      data_transfer_protocol=protocol))
+    assert _as_lists(read) == _as_lists(_mixed_elements())
+
+
+def test_large_elements_arrive_intact_over_tcp(cluster):
+    source = tf.data.Dataset.range(5).map(lambda i: tf.random.stateless_uniform([3 * 256 * 1024], seed=[i, 7]))
+    read = list(source.apply(service.distribute("parallel_epochs", cluster.target)).as_numpy_iterator())
+    expected = list(source.as_numpy_iterator())
+    assert len(read) == 5
+    for got, want in zip(read, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_workers_offer_tcp_by_default_and_grpc_only_workers_are_read_over_grpc(cluster):
+    grpc_only = cluster.add_worker(data_transfer_protocol="grpc")
+    tcp_worker = cluster.workers[0]
+    assert tcp_worker.transfer_address.startswith("tcp://localhost:")
+    assert grpc_only.transfer_address == grpc_only.address
+    registered = _registered_transfer_addresses(cluster)
+    assert registered == {tcp_worker.address: tcp_worker.transfer_address, grpc_only.address: grpc_only.address}
+    # parallel_epochs: each worker sends the whole dataset, one over TCP, the other over gRPC.
+    read = tf.data.Dataset.range(50).apply(service.distribute("parallel_epochs", cluster.target))
+    assert sorted(read.as_numpy_iterator()) == sorted(list(range(50)) * 2)
+
+
+def test_a_pipeline_error_arrives_over_tcp_with_its_code(cluster):
+    source = tf.data.Dataset.from_tensor_slices(["1", "not a number"]).map(tf.strings.to_number)
+    read = source.apply(service.distribute("parallel_epochs", cluster.target, data_transfer_protocol="tcp"))
+    with pytest.raises(tf.errors.OpError, match="(?s)InvalidArgumentError.*failed on worker.*not a number"):
+        list(read.as_numpy_iterator())
+
+
+def test_an_unknown_task_is_unavailable_over_tcp(cluster):
+    host, port = tcp_transfer.split_host_port(tcp_transfer.transfer_address(cluster.workers[0].transfer_address))
+    with tcp_transfer.connect(f"{host}:{port}", 10) as sock:
+        tcp_transfer.send_request(sock, worker_pb2.StreamElementsRequest(task_id=424242, credits=1))
+        response, _ = tcp_transfer.recv_response(sock)
+    assert rpc.status_code(response.error_code) == grpc.StatusCode.UNAVAILABLE
+    assert "no task 424242" in response.error_message
+
+
+@pytest.mark.parametrize("garbage", [
+    struct.pack("<I", 2**31) + b"huge",        # a request size over the limit
+    struct.pack("<I", 4) + b"\xff\xff\xff\xff",  # bytes that are no StreamElementsRequest
+    b"\x01",                                      # a connection closed mid-request
+])
+def test_garbage_on_the_data_port_closes_that_connection_only(cluster, garbage):
+    address = tcp_transfer.transfer_address(cluster.workers[0].transfer_address)
+    with tcp_transfer.connect(address, 10) as sock:
+        sock.settimeout(10)
+        sock.sendall(garbage)
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(1) == b""  # the worker hung up, without an answer
+        except (ConnectionResetError, OSError) as e:
+            assert not isinstance(e, socket.timeout)  # it hung up with the garbage unread
+    read = tf.data.Dataset.range(20).apply(service.distribute("parallel_epochs", cluster.target))
+    assert list(read.as_numpy_iterator()) == list(range(20))
+
+
+def test_worker_config_checks_its_transfer_fields():
+    config = service.WorkerConfig(dispatcher_address="localhost:1", worker_address="10.0.0.5:%port%")
+    assert config.data_transfer_protocol == "tcp" and config.data_transfer_address == "10.0.0.5:%dts_port%"
+    with pytest.raises(ValueError, match="data_transfer_protocol"):
+        service.WorkerConfig(dispatcher_address="localhost:1", data_transfer_protocol="udp")
+    with pytest.raises(ValueError, match="port"):
+        service.WorkerConfig(dispatcher_address="localhost:1", data_transfer_port=70000)
+    with pytest.raises(ValueError, match="data_transfer_address"):
+        service.WorkerConfig(dispatcher_address="localhost:1", data_transfer_address="no-port")
