@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -44,6 +44,8 @@ from dataservice.local_cluster import LocalCluster  # noqa: E402
 from dataservice.v1 import journal_pb2  # noqa: E402
 
 tf_service = tf.data.experimental.service
+# What a measurement gives: one value, or values by metric name.
+Measured = Union[float, Dict[str, float]]
 
 
 class _TFCluster:
@@ -95,17 +97,32 @@ def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0) -> Dict[str, fl
     up to the end of sequence. The iterator is destroyed after the clock stops:
     with autotune on, TensorFlow's iterator destruction can block for a second or
     more whatever the source (seen with local pipelines too), which says nothing
-    about the data path."""
-    batch = max(1, min(MAX_BATCH, BATCH_BYTES // max(1, bytes_per_element)))
-    iterator = iter(dataset.batch(batch))
+    about the data path.
+
+    "steady_mb_per_s" leaves out the start and the end: the bytes after the first
+    batch over the time from the first batch to the last. TensorFlow's client,
+    for one, learns that an iteration has ended up to a second after its last
+    element, which the time to the end of sequence includes."""
+    batch_size = max(1, min(MAX_BATCH, BATCH_BYTES // max(1, bytes_per_element)))
+    iterator = iter(dataset.batch(batch_size))
     start = time.perf_counter()
-    elements = 0
+    elements = first_elements = 0
+    first_s = last_s = 0.0
     for batch in iterator:
         elements += int(tf.nest.flatten(batch)[0].shape[0])
+        last_s = time.perf_counter() - start
+        if not first_elements:
+            first_elements, first_s = elements, last_s
     seconds = time.perf_counter() - start
     del iterator
+    steady_s = last_s - first_s
     return {"elements": elements, "seconds": seconds, "elements_per_s": elements / seconds,
-            "mb_per_s": elements * bytes_per_element / seconds / 1e6}
+            "mb_per_s": elements * bytes_per_element / seconds / 1e6,
+            "steady_mb_per_s": (elements - first_elements) * bytes_per_element / steady_s / 1e6 if steady_s else 0.0}
+
+
+def _big_rates(counted: Dict[str, float]) -> Dict[str, float]:
+    return {"throughput": counted["mb_per_s"], "steady state": counted["steady_mb_per_s"]}
 
 
 def _first_element_s(dataset: tf.data.Dataset) -> float:
@@ -148,24 +165,31 @@ class Bench:
                 pass
 
     def compare(self, workload: str, metric: str, unit: str, make: Callable[[int], tf.data.Dataset],
-                clusters: Dict[str, object], measure: Callable[[tf.data.Dataset], float],
+                clusters: Dict[str, object], measure: Callable[[tf.data.Dataset], Measured],
                 local: bool = True, higher_is_better: bool = True, repeats: int = 1, pause_s: float = 0.0,
                 **distribute_kwargs) -> Dict[str, float]:
         """Measures `make(trial)` locally and through each service, `repeats` times in
         turn (so that a passing disturbance hits every system alike); the median counts.
-        `pause_s` between measurements lets the previous one's clean-up (iterators, jobs)
-        finish before the next is timed."""
-        samples: Dict[str, List[float]] = {}
+        `measure` gives the metric's value, or several metrics' values by name (the first
+        is `metric`'s, whose values are returned). `pause_s` between measurements lets
+        the previous one's clean-up (iterators, jobs) finish before the next is timed."""
+        samples: Dict[str, Dict[str, List[float]]] = {}
+
+        def add(system: str, measured: Measured) -> None:
+            for name, value in (measured if isinstance(measured, dict) else {metric: measured}).items():
+                samples.setdefault(name, {}).setdefault(system, []).append(value)
+
         for trial in range(repeats):
             if local:
-                samples.setdefault("local", []).append(measure(make(trial)))
+                add("local", measure(make(trial)))
             for system, cluster in clusters.items():
                 time.sleep(pause_s)
-                dataset = make(trial).apply(self.distribute(system, cluster, **distribute_kwargs))
-                samples.setdefault(system, []).append(measure(dataset))
-        values = {system: statistics.median(runs) for system, runs in samples.items()}
-        self.record(workload, metric, unit, values, higher_is_better)
-        return values
+                add(system, measure(make(trial).apply(self.distribute(system, cluster, **distribute_kwargs))))
+        medians = {name: {system: statistics.median(runs) for system, runs in by_system.items()}
+                   for name, by_system in samples.items()}
+        for name, values in medians.items():
+            self.record(workload, name, unit, values, higher_is_better)
+        return next(iter(medians.values()))
 
 
 def _job_lifecycle_updates(count: int) -> List[journal_pb2.Update]:
@@ -252,7 +276,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
             make_big = lambda trial: tf.data.Dataset.from_tensors(payload).repeat(n_big)  # noqa: E731
             for compression in (None, "AUTO"):
                 bench.compare(f"2. 1 MiB float32, 1 worker, compression={compression}", "throughput", "MB/s",
-                              make_big, clusters, lambda ds: _count(ds, mib)["mb_per_s"], repeats=repeats,
+                              make_big, clusters, lambda ds: _big_rates(_count(ds, mib)), repeats=repeats,
                               compression=compression)
         if 5 in workloads:
             # A new pipeline each trial: the first element of a new job, not of a cached one.
