@@ -27,7 +27,8 @@ def _check_protocol(protocol: str) -> None:
         raise ValueError(f"protocol must be 'grpc', got {protocol!r}")
 
 
-# Data transfer protocols a worker can offer besides gRPC; None: the fastest, "tcp".
+# How elements can travel from workers to clients ("grpc": gRPC only; "tcp": TCP, gRPC beside it).
+# None, in a worker's or a client's config, means "tcp".
 DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Optional, Union
 
+from dataservice.config import DATA_TRANSFER_PROTOCOLS
 from dataservice.v1 import common_pb2
 
 
@@ -71,6 +72,6 @@ def parse_target_workers(target_workers: str) -> int:
 
 def parse_data_transfer_protocol(protocol: Optional[str]) -> Optional[str]:
     """None (TCP from workers that offer it, else gRPC), "tcp" (the same) or "grpc" (gRPC only)."""
-    if protocol not in (None, "grpc", "tcp"):
+    if protocol is not None and protocol not in DATA_TRANSFER_PROTOCOLS:
         raise ValueError(f"data_transfer_protocol must be None, 'grpc' or 'tcp', got {protocol!r}")
     return protocol

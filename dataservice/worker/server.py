@@ -10,6 +10,7 @@ is configured for gRPC only; gRPC serves them too, and coordinated reads.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -112,9 +113,7 @@ class WorkerServer:
         self._tcp: Optional[TcpTransferServer] = None
         self.transfer_address = self.address
         if config.data_transfer_protocol == tcp_transfer.PROTOCOL:
-            self._tcp = TcpTransferServer(
-                lambda request, later, is_active: streaming.stream_task(self, request, later, is_active),
-                config.data_transfer_port)
+            self._tcp = TcpTransferServer(functools.partial(streaming.stream_task, self), config.data_transfer_port)
             self.transfer_address = tcp_transfer.SCHEME + config.data_transfer_address.replace(
                 "%dts_port%", str(self._tcp.port))
         self._dispatcher = dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(config.dispatcher_address))
