@@ -52,7 +52,8 @@ def _distributed(ds, cluster, **kwargs):
 def _exactly_once(values, expected):
     counts = collections.Counter(values)
     assert counts == collections.Counter(expected), (
-        f"missing {sorted(set(expected) - set(counts))[:10]}, duplicated {[v for v, c in counts.items() if c > 1][:10]}")
+        f"missing {sorted(set(expected) - set(counts))[:10]}, "
+        f"duplicated {[v for v, c in counts.items() if c > 1][:10]}")
 
 
 def _parse(record):

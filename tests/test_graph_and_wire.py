@@ -128,6 +128,19 @@ def test_frames_carry_buffers_aligned_and_decode_to_arrays_tensorflow_adopts(tra
     assert small.tolist() == [[1, 2, 3]] * 3 and strings.tolist() == [b"", b"s", b"ss"]
 
 
+def test_worker_components_are_the_tensors_memory_and_keep_it_alive():
+    spec = (tf.TensorSpec([4096], tf.float32), tf.TensorSpec([], tf.bfloat16), tf.TensorSpec([], tf.string))
+    codec = ElementCodec(spec)
+    big = tf.fill([4096], 2.5)
+    components = codec.tensors_to_components([big, tf.constant(1.5, tf.bfloat16), tf.constant(b"s")])
+    # A view, not the copy numpy() makes.
+    assert np.shares_memory(components[0], np.asarray(memoryview(big)))
+    del big
+    [tf.fill([4096], 9.0) for _ in range(20)]  # fresh tensors that would reuse freed memory
+    np.testing.assert_array_equal(components[0], np.full([4096], 2.5, np.float32))
+    assert float(components[1]) == 1.5 and components[2].dtype == object and components[2].item() == b"s"
+
+
 def test_tf_aligned_copies_only_unaligned_arrays():
     raw = np.arange(1024, dtype=np.uint8)
     start = -raw.ctypes.data % wire.TF_ALIGNMENT

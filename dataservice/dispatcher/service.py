@@ -484,7 +484,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     f"{len(job.split_group_sizes)}")
             task = self._state.tasks.get(request.task_id)
             if task is None or task.iteration_id != iteration.iteration_id:
-                raise rpc.invalid_argument(f"task {request.task_id} is not a task of iteration {iteration.iteration_id}")
+                raise rpc.invalid_argument(
+                    f"task {request.task_id} is not a task of iteration {iteration.iteration_id}")
             group, repetition, index = request.split_group, request.repetition, request.index
             key = (task.task_id, group, repetition, index)
             if index > 0 and (task.task_id, group, repetition, index - 1) in iteration.outstanding_splits:

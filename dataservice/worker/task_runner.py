@@ -78,7 +78,8 @@ class TaskRunner:
         # iterator destroyed (which can block: see element_iterator).
         del elements
 
-    def take(self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0) -> Tuple[List[Components], bool]:
+    def take(self, max_elements: int, max_bytes: int, timeout_s: float,
+             linger_s: float = 0.0) -> Tuple[List[Components], bool]:
         """Up to `max_elements` elements (at least one, at most about `max_bytes`), and
         whether the task is done (every element taken).
 
