@@ -74,7 +74,7 @@ class _WorkerService:
         if runner is None:
             if request.task_id in worker.finished_tasks:
                 return wire.frame(worker_pb2.GetElementResponse(end_of_sequence=True))
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {worker.address} has no task {request.task_id} (yet)")
+            context.abort(grpc.StatusCode.UNAVAILABLE, streaming.unknown_task_message(worker.address, request.task_id))
         rounds = worker.round_robin(request.task_id)
         if rounds is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,

@@ -52,6 +52,10 @@ def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
     return f"the pipeline of task {task_id} failed on worker {address}: {type(error).__name__}: {message}"
 
 
+def unknown_task_message(address: str, task_id: int) -> str:
+    return f"worker {address} has no task {task_id} (yet)"
+
+
 def stopped_message(task_id: int) -> str:
     return (f"task {task_id} was stopped by the dispatcher: its iteration ended, or the dispatcher "
             "restarted without fault_tolerant_mode and no longer knows it")
@@ -67,8 +71,7 @@ def stream_task(worker: "WorkerServer", request: worker_pb2.StreamElementsReques
         if request.task_id in worker.finished_tasks:
             yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
             return
-        raise rpc.ServiceError(grpc.StatusCode.UNAVAILABLE,
-                               f"worker {worker.address} has no task {request.task_id} (yet)")
+        raise rpc.ServiceError(grpc.StatusCode.UNAVAILABLE, unknown_task_message(worker.address, request.task_id))
     credits = _Credits(request.credits)
     threading.Thread(target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}",
                      daemon=True).start()
