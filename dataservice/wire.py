@@ -77,9 +77,9 @@ def unframe(data: bytes, header_type: Type[Header]) -> Tuple[Header, "FrameBuffe
     return header_type.FromString(memoryview(data)[_HEADER_SIZE.size:end]), FrameBuffers(data, end, _ALIGNMENT)
 
 
-def stream_message(header: Message, buffers: Sequence[Buffer] = ()) -> Tuple[List[Buffer], int]:
+def stream_message(header: Message, buffers: Sequence[Buffer] = ()) -> List[Buffer]:
     """The header and the buffers as the parts of one TCP data message (tcp_transfer.py), sent as
-    they are, and the message's size:
+    they are:
 
         u32 header size | u64 body size | header | body
 
@@ -88,8 +88,7 @@ def stream_message(header: Message, buffers: Sequence[Buffer] = ()) -> Tuple[Lis
     tensor is where TensorFlow adopts it without a copy."""
     head = header.SerializeToString()
     body, body_size = _body(buffers, TF_ALIGNMENT, 0)
-    parts: List[Buffer] = [STREAM_PREFIX.pack(len(head), body_size), head, *body]
-    return parts, STREAM_PREFIX.size + len(head) + body_size
+    return [STREAM_PREFIX.pack(len(head), body_size), head, *body]
 
 
 def _body(buffers: Sequence[Buffer], alignment: int, offset: int) -> Tuple[List[Buffer], int]:

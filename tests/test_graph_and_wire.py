@@ -50,12 +50,14 @@ def _send_over_tcp(header, buffers):
     what the receiving end reads back."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        parts, size = wire.stream_message(header, buffers)
+        parts = wire.stream_message(header, buffers)
         sender = threading.Thread(target=tcp_transfer.send_parts, args=(ours, parts))
         sender.start()
         received = tcp_transfer.recv_response(theirs)
         sender.join()
-    assert size == sum(len(memoryview(p).cast("B")) for p in parts)
+    # The prefix's sizes account for every byte sent.
+    header_size, body_size = wire.STREAM_PREFIX.unpack(parts[0])
+    assert wire.STREAM_PREFIX.size + header_size + body_size == sum(len(memoryview(p).cast("B")) for p in parts)
     return received
 
 

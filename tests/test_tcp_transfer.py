@@ -72,8 +72,8 @@ def test_a_pipeline_error_arrives_over_tcp_with_its_code(cluster):
 
 
 def test_an_unknown_task_is_unavailable_over_tcp(cluster):
-    host, port = tcp_transfer.split_host_port(tcp_transfer.transfer_address(cluster.workers[0].transfer_address))
-    with tcp_transfer.connect(f"{host}:{port}", 10) as sock:
+    address = tcp_transfer.transfer_address(cluster.workers[0].transfer_address)
+    with tcp_transfer.connect(address, 10) as sock:
         tcp_transfer.send_request(sock, worker_pb2.StreamElementsRequest(task_id=424242, credits=1))
         response, _ = tcp_transfer.recv_response(sock)
     assert rpc.status_code(response.error_code) == grpc.StatusCode.UNAVAILABLE

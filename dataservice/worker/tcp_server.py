@@ -101,7 +101,7 @@ class TcpTransferServer:
                 return
             try:
                 for header, buffers in self._stream_fn(request, requests, lambda: not self._stopped.is_set()):
-                    tcp_transfer.send_parts(conn, wire.stream_message(header, buffers)[0])
+                    tcp_transfer.send_parts(conn, wire.stream_message(header, buffers))
             except rpc.ServiceError as e:
                 _send_error(conn, e.code, e.message)
         except OSError as e:
@@ -109,8 +109,7 @@ class TcpTransferServer:
         finally:
             with self._lock:
                 self._connections.discard(conn)
-            _shutdown(conn)
-            conn.close()
+            _close(conn)
 
     @staticmethod
     def _refuse(conn: socket.socket) -> None:
@@ -120,13 +119,12 @@ class TcpTransferServer:
         except OSError:
             pass
         finally:
-            _shutdown(conn)
-            conn.close()
+            _close(conn)
 
 
 def _send_error(conn: socket.socket, code: grpc.StatusCode, message: str) -> None:
     header = worker_pb2.StreamElementsResponse(error_code=code.value[0], error_message=message)
-    tcp_transfer.send_parts(conn, wire.stream_message(header)[0])
+    tcp_transfer.send_parts(conn, wire.stream_message(header))
 
 
 def _shutdown(conn: socket.socket) -> None:
@@ -134,3 +132,9 @@ def _shutdown(conn: socket.socket) -> None:
         conn.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def _close(conn: socket.socket) -> None:
+    """Ends the connection for the peer at once (even if another thread still reads it), then frees it."""
+    _shutdown(conn)
+    conn.close()
