@@ -5,10 +5,12 @@ A drop-in for tf.data.experimental.service: `import dataservice as service`.
 
 from dataservice.client.api import distribute, from_dataset_id, register_dataset
 from dataservice.config import DispatcherConfig, WorkerConfig
-from dataservice.dispatcher.server import DispatchServer
+from dataservice.dispatcher.dispatch_server import DispatchServer
 from dataservice.modes import ShardingPolicy
-from dataservice.training import InputImpact, dtensor_batches, estimate_input_impact, input_context_options, pack_batch
-from dataservice.worker.server import WorkerServer
+from dataservice.training.dtensor_input import dtensor_batches, pack_batch
+from dataservice.training.input_contexts import input_context_options
+from dataservice.training.input_impact import InputImpact, estimate_input_impact
+from dataservice.worker.worker_server import WorkerServer
 
 __all__ = [
     "DispatchServer",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
+from dataservice.rpc.addresses import strip_protocol
+
 DEFAULT_JOB_GC_CHECK_INTERVAL_MS = 60_000
 DEFAULT_JOB_GC_TIMEOUT_MS = 300_000
 DEFAULT_WORKER_TIMEOUT_MS = 10_000
@@ -122,8 +124,6 @@ class WorkerConfig:
     data_transfer_port: int = 0
 
     def __post_init__(self) -> None:
-        from dataservice.rpc import strip_protocol  # local import: rpc imports grpc, config stays light
-
         if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
             raise ValueError(f"dispatcher_address must be 'host:port', got {self.dispatcher_address!r}")
         object.__setattr__(self, "dispatcher_address", strip_protocol(self.dispatcher_address))

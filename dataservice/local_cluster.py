@@ -1,12 +1,17 @@
-"""A cluster of `data-server` processes on this machine: for the demo, tests and benchmarks.
+"""A dispatcher and workers on this machine, for the demo, the examples, tests and benchmarks.
 
-Each server is its own process (as in production: no shared GIL or
-TensorFlow resources with the client), bound to a free loopback port that it
-reports on its first line of output.
+By default each server is a `data-server` process (as in production: no
+shared GIL or TensorFlow resources with the client), bound to a free
+loopback port that it reports on its first line of output. With
+`processes=False` the servers run in this process, which starts faster and
+lets a test look at them; a pipeline with `shuffle` or `cache` then shares
+those resources with the client (see DESIGN-NOTES), so tests of distribution
+use processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import List, Optional
+from typing import Any, Iterator, List, Mapping, Optional, Union
 
 _PORT_LINE = re.compile(r"listening on port (\d+)")
 
@@ -29,7 +34,7 @@ class ServerProcess:
         env["PYTHONUNBUFFERED"] = "1"
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dataservice.server", *args],
+            [sys.executable, "-m", "dataservice.cli", *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         self.stderr_lines: List[str] = []
@@ -83,23 +88,49 @@ class ServerProcess:
         self.proc.wait(30)
 
 
+Server = Union["ServerProcess", Any]  # a ServerProcess, a DispatchServer or a WorkerServer
+
+
+def config_flags(options: Mapping[str, Any]) -> List[str]:
+    """`data-server` flags for config fields: `--name=value`, lists comma-joined, booleans as --[no-]name."""
+    flags = []
+    for name, value in options.items():
+        if isinstance(value, bool):
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        elif isinstance(value, (list, tuple)):
+            flags.append(f"--{name}={','.join(map(str, value))}")
+        else:
+            flags.append(f"--{name}={value}")
+    return flags
+
+
 class LocalCluster:
-    """A dispatcher and `num_workers` workers, each a `data-server` process.
+    """A dispatcher and `num_workers` workers: `data-server` processes, or servers in this process.
+
+    `dispatcher_options` and `worker_options` are DispatcherConfig and
+    WorkerConfig fields (passed to processes as flags).
 
     >>> with LocalCluster(num_workers=2) as cluster:
     ...     ds = ds.apply(dataservice.distribute("parallel_epochs", cluster.target))
     """
 
-    def __init__(self, num_workers: int = 2, work_dir: Optional[str] = None, fault_tolerant_mode: bool = False,
-                 extra_dispatcher_args: tuple = (), extra_worker_args: tuple = ()):
-        self._tmp = None if work_dir else tempfile.TemporaryDirectory(prefix="dataservice-")
-        self.work_dir = work_dir or self._tmp.name
-        self._dispatcher_args = [f"--work_dir={self.work_dir}", *extra_dispatcher_args]
+    def __init__(self, num_workers: int = 2, *, processes: bool = True, work_dir: Optional[str] = None,
+                 fault_tolerant_mode: bool = False, dispatcher_options: Optional[Mapping[str, Any]] = None,
+                 worker_options: Optional[Mapping[str, Any]] = None):
+        self.processes = processes
+        # Processes always get a work_dir (datasets are kept there, as in production); in-process
+        # dispatchers only when asked for one.
+        wants_dir = processes or fault_tolerant_mode or work_dir is not None
+        self._tmp = tempfile.TemporaryDirectory(prefix="dataservice-") if wants_dir and not work_dir else None
+        self.work_dir = work_dir or (self._tmp.name if self._tmp else None)
+        self._dispatcher_options = dict(dispatcher_options or {})
+        if self.work_dir:
+            self._dispatcher_options["work_dir"] = self.work_dir
         if fault_tolerant_mode:
-            self._dispatcher_args.append("--fault_tolerant_mode")
-        self.dispatcher = ServerProcess("--role=dispatcher", "--port=0", *self._dispatcher_args)
-        self._worker_args = extra_worker_args
-        self.workers: List[ServerProcess] = []
+            self._dispatcher_options["fault_tolerant_mode"] = True
+        self._worker_options = dict(worker_options or {})
+        self.workers: List[Server] = []
+        self.dispatcher: Server = self._start_dispatcher(port=0)
         try:
             for _ in range(num_workers):
                 self.add_worker()
@@ -107,31 +138,54 @@ class LocalCluster:
             self.stop()
             raise
 
+    def _start_dispatcher(self, port: int) -> Server:
+        if self.processes:
+            return ServerProcess("--role=dispatcher", f"--port={port}", *config_flags(self._dispatcher_options))
+        import dataservice
+
+        return dataservice.DispatchServer(dataservice.DispatcherConfig(port=port, **self._dispatcher_options))
+
     @property
     def address(self) -> str:
-        return self.dispatcher.address
+        """host:port of the dispatcher."""
+        return f"localhost:{self.dispatcher.port}"
 
     @property
     def target(self) -> str:
-        return "grpc://" + self.dispatcher.address
+        """The dispatcher as distribute()'s `service` argument."""
+        return "grpc://" + self.address
 
-    def add_worker(self) -> ServerProcess:
-        worker = ServerProcess("--role=worker", "--port=0", f"--dispatcher_address={self.address}",
-                               *self._worker_args)
+    def add_worker(self, **options: Any) -> Server:
+        """Starts one more worker; `options` are WorkerConfig fields for it alone."""
+        options = {**self._worker_options, **options}
+        if self.processes:
+            worker = ServerProcess("--role=worker", "--port=0", f"--dispatcher_address={self.address}",
+                                   *config_flags(options))
+        else:
+            import dataservice
+
+            worker = dataservice.WorkerServer(dataservice.WorkerConfig(dispatcher_address=self.address, **options))
         self.workers.append(worker)
         return worker
 
     def restart_dispatcher(self) -> None:
-        """SIGKILL the dispatcher, as a machine failure would, and start it again on the same port."""
+        """Restarts the dispatcher on the same port: a process is SIGKILLed, as a machine failure
+        would kill it; an in-process dispatcher is stopped."""
         port = self.dispatcher.port
-        self.dispatcher.kill()
-        self.dispatcher = ServerProcess("--role=dispatcher", f"--port={port}", *self._dispatcher_args)
+        if self.processes:
+            self.dispatcher.kill()
+        else:
+            self.dispatcher.stop()
+        self.dispatcher = self._start_dispatcher(port)
 
     def stop(self) -> None:
-        """SIGTERM to every server, workers first; kills whatever does not exit."""
+        """Stops every server, workers first (processes get SIGTERM and are killed if they do not exit)."""
         for server in [*self.workers, self.dispatcher]:
             try:
-                server.terminate()
+                if self.processes:
+                    server.terminate()
+                else:
+                    server.stop()
             except subprocess.TimeoutExpired:
                 pass
         if self._tmp is not None:
@@ -142,3 +196,14 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def service_or_local_cluster(service: Optional[str], num_workers: int, processes: bool = False) -> Iterator[str]:
+    """Yields `service` if given, else the target of a LocalCluster started for the block
+    (in this process by default, as the tf.data service documentation's examples do)."""
+    if service:
+        yield service
+        return
+    with LocalCluster(num_workers, processes=processes) as cluster:
+        yield cluster.target

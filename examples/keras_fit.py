@@ -5,26 +5,25 @@
 
 import argparse
 import os
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tensorflow as tf  # noqa: E402
 
 import dataservice  # noqa: E402
-from dataservice import sample_data  # noqa: E402
-from _cluster import add_service_flags, service_target  # noqa: E402
+from dataservice.demo import sample_data  # noqa: E402
+from dataservice.local_cluster import service_or_local_cluster  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
-    add_service_flags(parser)
+    parser.add_argument("--service", help="grpc://host:port of a running dispatcher (default: start one here)")
+    parser.add_argument("--workers", type=int, default=2, help="in-process workers when --service is not given")
     args = parser.parse_args()
     train_files, test_files = sample_data.write_digits(tempfile.mkdtemp(prefix="digits-"))
-    with service_target(args) as target:
+    with service_or_local_cluster(args.service, args.workers) as target:
         train = sample_data.digits_dataset(train_files, 32, shuffle_buffer=512).apply(
             dataservice.distribute("distributed_epoch", target))
         model = tf.keras.Sequential([

@@ -3,17 +3,15 @@
     python examples/mirrored_custom_loop.py [--replicas 2] [--epochs 5] [--service grpc://host:port]
 
 distribute_datasets_from_function calls the dataset function once per input
-pipeline; each pipeline reads a shared job (dataservice.training.input_context_options)
+pipeline; each pipeline reads a shared job (dataservice.input_context_options)
 and batches per replica (InputContext.get_per_replica_batch_size).
 """
 
 import argparse
 import os
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tensorflow as tf  # noqa: E402
 
@@ -23,19 +21,19 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--global-batch", type=int, default=64)
-    from _cluster import add_service_flags, service_target
-
-    add_service_flags(parser)
+    parser.add_argument("--service", help="grpc://host:port of a running dispatcher (default: start one here)")
+    parser.add_argument("--workers", type=int, default=2, help="in-process workers when --service is not given")
     args = parser.parse_args()
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * args.replicas)
 
     import dataservice
-    from dataservice import sample_data, training
+    from dataservice.demo import sample_data
+    from dataservice.local_cluster import service_or_local_cluster
 
     train_files, test_files = sample_data.write_digits(tempfile.mkdtemp(prefix="digits-"))
     strategy = tf.distribute.MirroredStrategy([f"CPU:{i}" for i in range(args.replicas)])
-    with service_target(args) as target, strategy.scope():
+    with service_or_local_cluster(args.service, args.workers) as target, strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input([64]), tf.keras.layers.Dense(128, activation="relu"),
                                      tf.keras.layers.Dense(10)])
         optimizer = tf.keras.optimizers.Adam(3e-3)
@@ -61,7 +59,7 @@ def main() -> None:
                 batch = context.get_per_replica_batch_size(args.global_batch)
                 return sample_data.digits_dataset(train_files, batch, shuffle_buffer=512).apply(
                     dataservice.distribute("distributed_epoch", target,
-                                           **training.input_context_options(context, f"mirrored-epoch-{epoch}")))
+                                           **dataservice.input_context_options(context, f"mirrored-epoch-{epoch}")))
 
             accuracy.reset_state()
             losses = [float(train_step(batch)) for batch in strategy.distribute_datasets_from_function(dataset_fn)]

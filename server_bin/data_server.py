@@ -3,7 +3,7 @@
 
 import sys
 
-from dataservice.server import main
+from dataservice.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

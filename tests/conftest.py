@@ -17,51 +17,28 @@ import tensorflow as tf  # noqa: E402
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 8)
 
-import dataservice as service  # noqa: E402
-from dataservice.local_cluster import ServerProcess  # noqa: E402
+from dataservice.local_cluster import LocalCluster, ServerProcess  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class Cluster:
-    """A dispatcher and workers in this process."""
-
-    def __init__(self, num_workers: int = 1, **dispatcher_kwargs):
-        self.dispatcher = service.DispatchServer(service.DispatcherConfig(**dispatcher_kwargs))
-        self.workers: List[service.WorkerServer] = []
-        for _ in range(num_workers):
-            self.add_worker()
-
-    @property
-    def target(self) -> str:
-        return self.dispatcher.target
-
-    @property
-    def address(self) -> str:
-        return self.dispatcher.target.split("://")[1]
-
-    def add_worker(self, **kwargs) -> service.WorkerServer:
-        kwargs.setdefault("heartbeat_interval_ms", 200)
-        worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=self.address, **kwargs))
-        self.workers.append(worker)
-        return worker
-
-    def stop(self) -> None:
-        for worker in self.workers:
-            worker.stop()
-        self.dispatcher.stop()
+def in_process_cluster(num_workers: int = 1, **dispatcher_options) -> LocalCluster:
+    """A dispatcher (with `dispatcher_options`, DispatcherConfig fields) and workers in this process;
+    the workers heartbeat every 200 ms so that tests see changes quickly."""
+    return LocalCluster(num_workers, processes=False, dispatcher_options=dispatcher_options,
+                        worker_options={"heartbeat_interval_ms": 200})
 
 
 @pytest.fixture
 def cluster():
-    c = Cluster(num_workers=1)
+    c = in_process_cluster(1)
     yield c
     c.stop()
 
 
 @pytest.fixture
 def cluster2():
-    c = Cluster(num_workers=2)
+    c = in_process_cluster(2)
     yield c
     c.stop()
 
@@ -83,10 +60,11 @@ def processes():
 
 def wait_for_workers(address: str, count: int, timeout_s: float = 60.0) -> None:
     """Blocks until `count` workers are registered with the dispatcher at `address`."""
-    from dataservice import rpc
+
+    from dataservice.rpc import channels
     from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 
-    stub = dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(address))
+    stub = dispatcher_pb2_grpc.DispatcherServiceStub(channels.make_channel(address))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if len(stub.GetWorkers(dispatcher_pb2.GetWorkersRequest(), timeout=5).workers) >= count:

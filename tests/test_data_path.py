@@ -13,12 +13,12 @@ import pytest
 import tensorflow as tf
 
 import dataservice as service
-from dataservice import graph as graph_lib
-from dataservice import malloc_tuning, wire
 from dataservice.client import api
-from dataservice.client.channels import SharedChannels
 from dataservice.client.reader import _concatenate
 from dataservice.local_cluster import LocalCluster
+from dataservice.pipeline import graph as graph_lib
+from dataservice.rpc.channels import SharedChannels
+from dataservice.transfer import allocator, wire
 from dataservice.worker.dataset_cache import DatasetCache
 
 pytestmark = pytest.mark.timeout(240)
@@ -137,7 +137,7 @@ def test_worker_processes_prepare_and_reshuffle_each_epoch_as_locally():
 
 
 def test_workers_keep_freed_memory_on_glibc():
-    code = "from dataservice import malloc_tuning; print(malloc_tuning.keep_freed_memory())"
+    code = "from dataservice import malloc_tuning; print(allocator.keep_freed_memory())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "True", result.stderr
 
@@ -184,9 +184,9 @@ def test_a_client_reading_large_elements_keeps_freed_memory_unless_told_not_to()
     # tf.data's generator op lowers the trim threshold to 128 KiB; the client's settings keep
     # TOP_PAD_BYTES of freed memory at the top of the heap all the same.
     kept = _freed_after_large_reads()
-    opted_out = _freed_after_large_reads(**{malloc_tuning.CLIENT_OPT_OUT_ENV: "0"})
-    assert kept >= malloc_tuning.TOP_PAD_BYTES // 2, (kept, opted_out)
-    assert opted_out < malloc_tuning.TOP_PAD_BYTES // 2, (kept, opted_out)
+    opted_out = _freed_after_large_reads(**{allocator.CLIENT_OPT_OUT_ENV: "0"})
+    assert kept >= allocator.TOP_PAD_BYTES // 2, (kept, opted_out)
+    assert opted_out < allocator.TOP_PAD_BYTES // 2, (kept, opted_out)
 
 
 def test_merged_chunks_are_aligned_for_tensorflow_and_strings_merge_too():

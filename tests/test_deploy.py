@@ -5,15 +5,15 @@ import os
 
 import pytest
 import yaml
-
-from dataservice import server
 from conftest import REPO_ROOT
+
+from dataservice import cli
 
 DEPLOY = os.path.join(REPO_ROOT, "deploy")
 
 
 def _config(args):
-    return server.build_config(server._parser().parse_args(args))
+    return cli.build_config(cli._parser().parse_args(args))
 
 
 @pytest.mark.parametrize("role", ["dispatcher", "worker"])

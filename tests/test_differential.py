@@ -5,9 +5,9 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import in_process_cluster
 
 import dataservice as service
-from conftest import Cluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -55,7 +55,7 @@ def tf_service():
 
 @pytest.fixture(scope="module")
 def ours():
-    cluster = Cluster(num_workers=2)
+    cluster = in_process_cluster(2)
     yield cluster
     cluster.stop()
 

@@ -9,10 +9,10 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import to_list, wait_for_workers
 
 import dataservice as service
 from dataservice.local_cluster import LocalCluster, ServerProcess
-from conftest import to_list, wait_for_workers
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,19 +6,19 @@ import time
 import grpc
 import pytest
 import tensorflow as tf
+from conftest import to_list
 from tensorflow.core.framework import graph_pb2
 
 import dataservice as service
-from dataservice import graph as graph_lib
-from dataservice import rpc
+from dataservice.pipeline import graph as graph_lib
+from dataservice.rpc import channels
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
-from conftest import to_list
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _stub(cluster):
-    return dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(cluster.address))
+    return dispatcher_pb2_grpc.DispatcherServiceStub(channels.make_channel(cluster.address))
 
 
 def _metadata(ds):

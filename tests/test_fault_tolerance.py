@@ -4,16 +4,16 @@ import collections
 
 import pytest
 import tensorflow as tf
+from conftest import wait_for_workers
 from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
 from dataservice.local_cluster import LocalCluster
-from conftest import wait_for_workers
 
 pytestmark = pytest.mark.timeout(300)
 
-_DISPATCHER_ARGS = ("--worker_timeout_ms=3000",)
-_WORKER_ARGS = ("--heartbeat_interval_ms=300",)
+_DISPATCHER_OPTIONS = {"worker_timeout_ms": 3000}
+_WORKER_OPTIONS = {"heartbeat_interval_ms": 300}
 
 
 def _slow_range(n, sleep_us=4000):
@@ -22,8 +22,8 @@ def _slow_range(n, sleep_us=4000):
 
 @pytest.fixture(scope="module")
 def ft_cluster():
-    cluster = LocalCluster(num_workers=2, fault_tolerant_mode=True, extra_dispatcher_args=_DISPATCHER_ARGS,
-                           extra_worker_args=_WORKER_ARGS)
+    cluster = LocalCluster(num_workers=2, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS,
+                           worker_options=_WORKER_OPTIONS)
     wait_for_workers(cluster.address, 2)
     yield cluster
     cluster.stop()
@@ -78,8 +78,8 @@ def test_worker_added_mid_job(ft_cluster):
 
 
 def test_worker_killed_mid_distributed_epoch(capsys):
-    cluster = LocalCluster(num_workers=3, fault_tolerant_mode=True, extra_dispatcher_args=_DISPATCHER_ARGS,
-                           extra_worker_args=_WORKER_ARGS)
+    cluster = LocalCluster(num_workers=3, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS,
+                           worker_options=_WORKER_OPTIONS)
     try:
         wait_for_workers(cluster.address, 3)
         n = 1500
@@ -101,8 +101,8 @@ def test_worker_killed_mid_distributed_epoch(capsys):
 
 
 def test_dispatcher_and_workers_restarted_together():
-    cluster = LocalCluster(num_workers=2, fault_tolerant_mode=True, extra_dispatcher_args=_DISPATCHER_ARGS,
-                           extra_worker_args=_WORKER_ARGS)
+    cluster = LocalCluster(num_workers=2, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS,
+                           worker_options=_WORKER_OPTIONS)
     try:
         wait_for_workers(cluster.address, 2)
         ds = _slow_range(300).apply(service.distribute("parallel_epochs", cluster.target))

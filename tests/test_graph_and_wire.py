@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dataservice import graph as graph_lib
-from dataservice import tcp_transfer, wire
+from dataservice.pipeline import graph as graph_lib
+from dataservice.transfer import tcp, wire
+from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, worker_pb2
-from dataservice.wire import ElementCodec
 
 
 def _fingerprint(ds):
@@ -51,9 +51,9 @@ def _send_over_tcp(header, buffers):
     ours, theirs = socket.socketpair()
     with ours, theirs:
         parts = wire.stream_message(header, buffers)
-        sender = threading.Thread(target=tcp_transfer.send_parts, args=(ours, parts))
+        sender = threading.Thread(target=tcp.send_parts, args=(ours, parts))
         sender.start()
-        received = tcp_transfer.recv_response(theirs)
+        received = tcp.recv_response(theirs)
         sender.join()
     # The prefix's sizes account for every byte sent.
     header_size, body_size = wire.STREAM_PREFIX.unpack(parts[0])

@@ -5,13 +5,13 @@ import time
 
 import pytest
 import tensorflow as tf
+from conftest import to_list
 from tensorflow.python.data.experimental.ops import testing
+from test_state import comparable, random_updates
 
 import dataservice as service
 from dataservice.dispatcher import journal
 from dataservice.dispatcher.state import DispatcherState
-from conftest import to_list
-from test_state import comparable, random_updates
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,11 +7,10 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-
+from conftest import in_process_cluster, to_list
 from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
-from conftest import Cluster, to_list
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -126,7 +125,7 @@ def test_infinite_dataset_keeps_infinite_cardinality(cluster):
 
 
 def test_worker_joining_mid_iteration_gets_a_task():
-    cluster = Cluster(num_workers=1)
+    cluster = in_process_cluster(1)
     try:
         # 40 elements at 50 ms each: the first worker is far from done when the second joins.
         source = tf.data.Dataset.range(40).apply(testing.sleep(50_000))
@@ -143,7 +142,7 @@ def test_worker_joining_mid_iteration_gets_a_task():
 
 
 def test_client_waits_for_a_first_worker():
-    cluster = Cluster(num_workers=0)
+    cluster = in_process_cluster(0)
     try:
         iterator = iter(_distribute(tf.data.Dataset.range(5), cluster))
         result = []

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import tensorflow as tf
+from conftest import REPO_ROOT, to_list, wait_for_workers
 
 import dataservice as service
 from dataservice.local_cluster import LocalCluster
-from conftest import REPO_ROOT, to_list, wait_for_workers
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,7 +52,7 @@ def test_sigint_also_stops_gracefully(processes):
 
 
 def _run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "dataservice.server", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dataservice.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -13,16 +13,16 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import REPO_ROOT, in_process_cluster, wait_for_workers
 from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
-from dataservice import compression, wire
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
 from dataservice.local_cluster import LocalCluster
+from dataservice.transfer import compression, wire
+from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2
-from dataservice.wire import ElementCodec
-from conftest import REPO_ROOT, Cluster, wait_for_workers
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -68,7 +68,7 @@ def _start_together(clients: list[subprocess.Popen]) -> None:
 def _elements(proc: subprocess.Popen, timeout_s: float = 120) -> list:
     out, err = proc.communicate(timeout=timeout_s)
     assert proc.returncode == 0, err[-3000:]
-    line = [l for l in out.splitlines() if l.startswith("ELEMENTS ")][-1]
+    line = [text for text in out.splitlines() if text.startswith("ELEMENTS ")][-1]
     return json.loads(line[len("ELEMENTS "):])
 
 
@@ -201,8 +201,8 @@ def test_coordinated_reads_survive_a_worker_joining(cluster):
 
 
 def test_coordinated_reads_survive_a_worker_dying():
-    with LocalCluster(num_workers=2, extra_dispatcher_args=("--worker_timeout_ms=2000",),
-                      extra_worker_args=("--heartbeat_interval_ms=300",)) as cluster:
+    with LocalCluster(num_workers=2, dispatcher_options={"worker_timeout_ms": 2000},
+                      worker_options={"heartbeat_interval_ms": 300}) as cluster:
         wait_for_workers(cluster.address, 2)
         killed = threading.Event()
 
@@ -243,7 +243,7 @@ def _wait_until(condition, timeout_s, what):
 
 
 def test_named_iteration_without_clients_is_released_after_job_gc_timeout():
-    cluster = Cluster(num_workers=1, job_gc_timeout_ms=1500, job_gc_check_interval_ms=200)
+    cluster = in_process_cluster(1, job_gc_timeout_ms=1500, job_gc_check_interval_ms=200)
     try:
         worker = cluster.workers[0]
         iterator = iter(tf.data.Dataset.range(10**9).apply(
@@ -259,7 +259,7 @@ def test_named_iteration_without_clients_is_released_after_job_gc_timeout():
 
 
 def test_vanished_client_is_released_after_client_timeout():
-    cluster = Cluster(num_workers=1, client_timeout_ms=2000, job_gc_check_interval_ms=200)
+    cluster = in_process_cluster(1, client_timeout_ms=2000, job_gc_check_interval_ms=200)
     try:
         worker = cluster.workers[0]
         client = _client_process(n=10**9, sleep_us=1000, target=cluster.target, kwargs={})
@@ -282,7 +282,7 @@ def test_local_target_workers_read_from_workers_on_this_host(cluster):
 
 
 def test_local_target_workers_without_a_local_worker_is_an_error():
-    cluster = Cluster(num_workers=0)
+    cluster = in_process_cluster(0)
     try:
         cluster.add_worker(worker_address="worker-7.elsewhere.invalid:%port%")
         ds = tf.data.Dataset.range(50).apply(service.distribute("parallel_epochs", cluster.target,

@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import dataservice as service
-from dataservice import rpc, tcp_transfer
+from dataservice.rpc import errors
+from dataservice.transfer import tcp
 from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
 
 pytestmark = pytest.mark.timeout(120)
@@ -72,11 +73,11 @@ def test_a_pipeline_error_arrives_over_tcp_with_its_code(cluster):
 
 
 def test_an_unknown_task_is_unavailable_over_tcp(cluster):
-    address = tcp_transfer.transfer_address(cluster.workers[0].transfer_address)
-    with tcp_transfer.connect(address, 10) as sock:
-        tcp_transfer.send_request(sock, worker_pb2.StreamElementsRequest(task_id=424242, credits=1))
-        response, _ = tcp_transfer.recv_response(sock)
-    assert rpc.status_code(response.error_code) == grpc.StatusCode.UNAVAILABLE
+    address = tcp.transfer_address(cluster.workers[0].transfer_address)
+    with tcp.connect(address, 10) as sock:
+        tcp.send_request(sock, worker_pb2.StreamElementsRequest(task_id=424242, credits=1))
+        response, _ = tcp.recv_response(sock)
+    assert errors.status_code(response.error_code) == grpc.StatusCode.UNAVAILABLE
     assert "no task 424242" in response.error_message
 
 
@@ -86,8 +87,8 @@ def test_an_unknown_task_is_unavailable_over_tcp(cluster):
     b"\x01",                                      # a connection closed mid-request
 ])
 def test_garbage_on_the_data_port_closes_that_connection_only(cluster, garbage):
-    address = tcp_transfer.transfer_address(cluster.workers[0].transfer_address)
-    with tcp_transfer.connect(address, 10) as sock:
+    address = tcp.transfer_address(cluster.workers[0].transfer_address)
+    with tcp.connect(address, 10) as sock:
         sock.settimeout(10)
         sock.sendall(garbage)
         try:

@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import REPO_ROOT
 from tensorflow.experimental import dtensor
 from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
-from dataservice import sample_data, training
-from conftest import REPO_ROOT
+from dataservice.demo import sample_data
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,7 +69,7 @@ def test_distribute_datasets_from_function_reads_a_shared_job(cluster2, strategy
     def dataset_fn(context):
         batch = context.get_per_replica_batch_size(8)
         return tf.data.Dataset.range(80).batch(batch).apply(service.distribute(
-            "distributed_epoch", cluster2.target, **training.input_context_options(context, "from-function")))
+            "distributed_epoch", cluster2.target, **service.input_context_options(context, "from-function")))
 
     seen = []
     for per_replica in strategy.distribute_datasets_from_function(dataset_fn):
@@ -81,18 +81,18 @@ def test_distribute_datasets_from_function_reads_a_shared_job(cluster2, strategy
 
 def test_input_context_options_make_coordinated_consumers(cluster2):
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
-    assert training.input_context_options(context, "j", coordinated=True) == {
+    assert service.input_context_options(context, "j", coordinated=True) == {
         "job_name": "j", "consumer_index": 1, "num_consumers": 2}
-    assert training.input_context_options(context, "j") == {"job_name": "j"}
+    assert service.input_context_options(context, "j") == {"job_name": "j"}
     with pytest.raises(ValueError, match="job_name"):
-        training.input_context_options(context, "")
+        service.input_context_options(context, "")
 
 
 def test_pack_batch_shards_the_global_batch_along_the_mesh_batch_dimension(cluster):
     mesh = dtensor.create_mesh([("batch", 4)], devices=[f"CPU:{i}" for i in range(4)])
     served = tf.data.Dataset.range(32).map(lambda i: (tf.fill([5], tf.cast(i, tf.float32)), i)).batch(8).apply(
         service.distribute("parallel_epochs", cluster.target))
-    batches = list(training.dtensor_batches(served, mesh))
+    batches = list(service.dtensor_batches(served, mesh))
     assert len(batches) == 4
     x, y = batches[1]
     assert dtensor.fetch_layout(x) == dtensor.Layout(["batch", dtensor.UNSHARDED], mesh)
@@ -101,9 +101,9 @@ def test_pack_batch_shards_the_global_batch_along_the_mesh_batch_dimension(clust
     assert [list(s) for s in shards] == [[8, 9], [10, 11], [12, 13], [14, 15]]
     assert dtensor.unpack(x)[3].shape == (2, 5)
     with pytest.raises(ValueError, match="does not split evenly"):
-        training.pack_batch(tf.range(6), mesh)
+        service.pack_batch(tf.range(6), mesh)
     with pytest.raises(ValueError, match="no dimension 'model'"):
-        training.pack_batch(tf.range(8), mesh, batch_dim="model")
+        service.pack_batch(tf.range(8), mesh, batch_dim="model")
 
 
 def test_keras_fit_learns_the_digits_through_distributed_epoch(cluster2, digits):
@@ -124,7 +124,7 @@ def test_keras_fit_learns_the_digits_through_distributed_epoch(cluster2, digits)
 def test_estimate_input_impact_tells_input_bound_from_compute_bound():
     slow_input = tf.data.Dataset.range(10**6).batch(16).apply(testing.sleep(20_000))
     fast_step = tf.function(lambda batch: tf.reduce_sum(batch))
-    impact = training.estimate_input_impact(slow_input, fast_step, steps=15, warmup_steps=2)
+    impact = service.estimate_input_impact(slow_input, fast_step, steps=15, warmup_steps=2)
     assert impact.input_bound and impact.suggested_workers >= 2, impact
     assert "input-bound" in str(impact)
 
@@ -132,7 +132,7 @@ def test_estimate_input_impact_tells_input_bound_from_compute_bound():
         time.sleep(0.02)
         return tf.reduce_sum(batch)
 
-    impact = training.estimate_input_impact(tf.data.Dataset.range(10**6).batch(16), slow_step, steps=15,
+    impact = service.estimate_input_impact(tf.data.Dataset.range(10**6).batch(16), slow_step, steps=15,
                                             warmup_steps=2)
     assert not impact.input_bound and impact.suggested_workers == 1, impact
     assert "not input-bound" in str(impact)

@@ -15,15 +15,18 @@ from typing import Any, Callable, Optional, Tuple, Union
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-from dataservice import graph as graph_lib
-from dataservice import malloc_tuning, modes, rpc, splits
-from dataservice.client.channels import channels
+from dataservice import modes
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
 from dataservice.config import DEFAULT_CLIENT_TIMEOUT_MS
+from dataservice.pipeline import graph as graph_lib
+from dataservice.pipeline import splits
+from dataservice.rpc import addresses, retrying
+from dataservice.rpc.channels import shared_channels
+from dataservice.transfer import allocator
+from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
-from dataservice.wire import ElementCodec
 
 Service = Union[str, Tuple[str, str]]
 DatasetId = Union[str, bytes, int, tf.Tensor]
@@ -52,8 +55,8 @@ def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
 
 def _call_dispatcher(address: str, method: str, request, what: str, timeout_s: float):
     """One call to the dispatcher's `method`, on the channel shared with this process's readers."""
-    with channels.holding(address) as channel:
-        return rpc.call(getattr(dispatcher_pb2_grpc.DispatcherServiceStub(channel), method), request,
+    with shared_channels.holding(address) as channel:
+        return retrying.call(getattr(dispatcher_pb2_grpc.DispatcherServiceStub(channel), method), request,
                         server=f"dispatcher at {address}", what=what, timeout_s=timeout_s)
 
 
@@ -102,7 +105,7 @@ def register_dataset(service: Service, dataset: tf.data.Dataset, compression: Op
     The same pipeline registered twice gets the same id; a requested
     `dataset_id` is used as given.
     """
-    address = rpc.parse_service(service)
+    address = addresses.parse_service(service)
     requested = "" if dataset_id is None else _dataset_id_str(dataset_id)
     return tf.constant(_register(address, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms)))
 
@@ -179,7 +182,7 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
 
     def generate():
         if codec.element_bytes >= PER_ELEMENT_BYTES:
-            malloc_tuning.keep_freed_memory_in_client()
+            allocator.keep_freed_memory_in_client()
         if options.num_consumers is not None:
             reader = CoordinatedReader(address, job, next(repetitions), codec, options.consumer_index,
                                        options.timeout_s, compression)
@@ -229,7 +232,7 @@ def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: 
     Without `element_spec` the spec is fetched from the dispatcher (and an
     unknown id fails here, with NotFoundError).
     """
-    address = rpc.parse_service(service)
+    address = addresses.parse_service(service)
     dataset_id = _dataset_id_str(dataset_id)
     options = _ReadOptions(processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
                            data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
@@ -255,7 +258,7 @@ def distribute(processing_mode: Union[str, modes.ShardingPolicy], service: Servi
 
     >>> ds = tf.data.Dataset.range(10).apply(distribute("parallel_epochs", "grpc://localhost:5050"))
     """
-    address = rpc.parse_service(service)
+    address = addresses.parse_service(service)
     compression_enum = modes.parse_compression(compression)
     options = _ReadOptions(processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
                            data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)

@@ -18,11 +18,12 @@ from typing import Dict, Iterator, Optional, Tuple
 import grpc
 import tensorflow as tf
 
-from dataservice import data_transfer, rpc, wire
-from dataservice.client.channels import channels
 from dataservice.client.session import IterationSession, JobSpec
+from dataservice.rpc import errors, retrying
+from dataservice.rpc.channels import shared_channels
+from dataservice.transfer import grpc_service, wire
+from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.wire import ElementCodec
 
 
 class CoordinatedReader:
@@ -40,7 +41,7 @@ class CoordinatedReader:
         self._iteration_finished = False
         self._error: Optional[BaseException] = None
         self._changed = threading.Condition()
-        self._stubs: Dict[str, data_transfer.WorkerDataStub] = {}
+        self._stubs: Dict[str, grpc_service.WorkerDataStub] = {}
         self.session = IterationSession(dispatcher_address, job, repetition, timeout_s,
                                         on_heartbeat=self._on_heartbeat, on_error=self._fail,
                                         current_round=lambda: self._round)
@@ -106,20 +107,20 @@ class CoordinatedReader:
             task_id=task.task_id, iteration_client_id=self.client_id, consumer_index=self._consumer_index,
             round=round_index, compression=self._compression)
         stub = self._stub(task.worker_address)
-        backoff = rpc.Backoff(self._timeout_s)
+        backoff = retrying.Backoff(self._timeout_s)
         while not self.session.stopped.is_set():
             if self._task_lost(task.task_id):
                 return None
             try:
                 data = stub.GetElement(request, timeout=30)
             except grpc.RpcError as e:
-                if e.code() not in rpc.RETRYABLE_CODES and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise rpc.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
+                if e.code() not in errors.RETRYABLE_CODES and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise errors.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
                                              f"worker {task.worker_address}") from None
                 if not backoff.sleep():
                     if self._task_lost(task.task_id):
                         return None
-                    raise rpc.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
+                    raise errors.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
                                              f"worker {task.worker_address}") from None
                 self.session.wake()
                 continue
@@ -134,13 +135,13 @@ class CoordinatedReader:
             task = self._tasks.get(task_id)
             return task is not None and task.finished
 
-    def _stub(self, address: str) -> data_transfer.WorkerDataStub:
+    def _stub(self, address: str) -> grpc_service.WorkerDataStub:
         stub = self._stubs.get(address)
         if stub is None:
-            stub = self._stubs[address] = data_transfer.WorkerDataStub(channels.acquire(address))
+            stub = self._stubs[address] = grpc_service.WorkerDataStub(shared_channels.acquire(address))
         return stub
 
     def close(self) -> None:
         self.session.close()
         for address in self._stubs:
-            channels.release(address)
+            shared_channels.release(address)

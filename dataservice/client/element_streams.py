@@ -1,7 +1,7 @@
 """A task's StreamElements call, over the worker's TCP data transfer or over gRPC.
 
 Both yield (StreamElementsResponse, wire.FrameBuffers) and fail with a
-grpc.RpcError (rpc.RemoteError for TCP), so the reader handles them alike.
+grpc.RpcError (errors.RemoteError for TCP), so the reader handles them alike.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Iterator, Optional, Protocol, Tuple
 
 import grpc
 
-from dataservice import data_transfer, rpc, tcp_transfer, wire
-from dataservice.client.channels import channels
+from dataservice.rpc import errors
+from dataservice.rpc.channels import shared_channels
+from dataservice.transfer import grpc_service, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
 
 Requests = Iterator[worker_pb2.StreamElementsRequest]
@@ -25,7 +26,7 @@ CONNECT_TIMEOUT_S = 10.0
 def open_stream(task: common_pb2.TaskInfo, protocol: Optional[str], requests: Requests) -> "ElementStream":
     """The stream of `task` over TCP where its worker offers it and `protocol` allows (None or "tcp"),
     else over gRPC at the worker's address."""
-    address = tcp_transfer.transfer_address(task.transfer_address)
+    address = tcp.transfer_address(task.transfer_address)
     if address is not None and protocol != "grpc":
         return TcpElementStream(address, requests)
     return GrpcElementStream(task.worker_address, requests)
@@ -44,7 +45,7 @@ class ElementStream(Protocol):
 class GrpcElementStream:
     def __init__(self, address: str, requests: Requests):
         self._address = address
-        self._call = data_transfer.WorkerDataStub(channels.acquire(address)).StreamElements(requests)
+        self._call = grpc_service.WorkerDataStub(shared_channels.acquire(address)).StreamElements(requests)
 
     def __iter__(self) -> Iterator[Response]:
         for data in self._call:
@@ -55,7 +56,7 @@ class GrpcElementStream:
 
     def close(self) -> None:
         self._call.cancel()
-        channels.release(self._address)
+        shared_channels.release(self._address)
 
 
 class TcpElementStream:
@@ -64,9 +65,9 @@ class TcpElementStream:
     def __init__(self, address: str, requests: Requests):
         self._address = address
         try:
-            self._sock = tcp_transfer.connect(address, CONNECT_TIMEOUT_S)
+            self._sock = tcp.connect(address, CONNECT_TIMEOUT_S)
         except OSError as e:
-            raise rpc.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {e}") from None
+            raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {e}") from None
         self._sender = threading.Thread(target=self._send, args=(requests,), name=f"credits-to-{address}",
                                         daemon=True)
         self._sender.start()
@@ -74,19 +75,19 @@ class TcpElementStream:
     def _send(self, requests: Requests) -> None:
         try:
             for request in requests:
-                tcp_transfer.send_request(self._sock, request)
+                tcp.send_request(self._sock, request)
         except OSError:
             pass  # the connection broke: the reading side reports it
 
     def __iter__(self) -> Iterator[Response]:
         while True:
             try:
-                response, buffers = tcp_transfer.recv_response(self._sock)
+                response, buffers = tcp.recv_response(self._sock)
             except OSError as e:
-                raise rpc.RemoteError(grpc.StatusCode.UNAVAILABLE,
+                raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE,
                                       f"the data connection to {self._address} broke: {e}") from None
             if response.error_code:
-                raise rpc.RemoteError(rpc.status_code(response.error_code), response.error_message)
+                raise errors.RemoteError(errors.status_code(response.error_code), response.error_message)
             yield response, buffers
             if response.end_of_sequence:
                 return

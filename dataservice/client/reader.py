@@ -21,11 +21,12 @@ import grpc
 import numpy as np
 import tensorflow as tf
 
-from dataservice import rpc, wire
 from dataservice.client.element_streams import ElementStream, open_stream
 from dataservice.client.session import IterationSession, JobSpec
+from dataservice.rpc import errors, retrying
+from dataservice.transfer import wire
+from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.wire import ElementCodec
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class _TaskStream:
 
     def _run(self) -> None:
         reader = self._reader
-        backoff = rpc.Backoff(reader.timeout_s)
+        backoff = retrying.Backoff(reader.timeout_s)
         while not reader.stopped.is_set():
             ended = threading.Event()
             stream: Optional[ElementStream] = None
@@ -257,8 +258,9 @@ class _TaskStream:
             except grpc.RpcError as e:
                 if reader.stopped.is_set():
                     return
-                error = rpc.to_tf_error(e, f"reading task {self._task.task_id} from worker {self._task.worker_address}")
-                retry = e.code() in rpc.RETRYABLE_CODES
+                where = f"reading task {self._task.task_id} from worker {self._task.worker_address}"
+                error = errors.to_tf_error(e, where)
+                retry = e.code() in errors.RETRYABLE_CODES
             finally:
                 ended.set()
                 if stream is not None:

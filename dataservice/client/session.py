@@ -18,8 +18,8 @@ from typing import Callable, FrozenSet, Optional
 import grpc
 import tensorflow as tf
 
-from dataservice import rpc
-from dataservice.client.channels import channels
+from dataservice.rpc import retrying
+from dataservice.rpc.channels import shared_channels
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class IterationSession:
         self._on_heartbeat = on_heartbeat
         self._on_error = on_error
         self._current_round = current_round
-        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(channels.acquire(dispatcher_address))
+        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(shared_channels.acquire(dispatcher_address))
         self._stop = threading.Event()
         self._wake = threading.Event()
         try:
@@ -81,7 +81,7 @@ class IterationSession:
             iteration = self._call(self._stub.GetOrCreateIteration, dispatcher_pb2.GetOrCreateIterationRequest(
                 job_id=job_response.job_id, repetition=repetition), "creating an iteration")
         except BaseException:
-            channels.release(dispatcher_address)
+            shared_channels.release(dispatcher_address)
             raise
         self.client_id = iteration.iteration_client_id
         self._waiting_since = time.monotonic()
@@ -98,7 +98,8 @@ class IterationSession:
         self._thread.start()
 
     def _call(self, method, request, what: str):
-        return rpc.call(method, request, server=f"dispatcher at {self._address}", what=what, timeout_s=self.timeout_s)
+        return retrying.call(method, request, server=f"dispatcher at {self._address}", what=what,
+                             timeout_s=self.timeout_s)
 
     def wake(self) -> None:
         """Heartbeats now rather than at the next interval."""
@@ -151,4 +152,4 @@ class IterationSession:
             log.debug("releasing iteration client %d failed: %s", self.client_id, e.code().name)
         if self._thread is not None:
             self._thread.join(timeout=2)
-        channels.release(self._address)
+        shared_channels.release(self._address)

@@ -18,12 +18,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 import grpc
 import tensorflow as tf
 
-from dataservice import graph as graph_lib
-from dataservice import rpc, sharding, splits
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
 from dataservice.dispatcher.state import DispatcherState, Iteration
+from dataservice.pipeline import graph as graph_lib
+from dataservice.pipeline import sharding, splits
+from dataservice.rpc import channels, errors
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, journal_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -90,21 +91,22 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     # ---- datasets --------------------------------------------------------
 
-    @rpc.handler
+    @errors.handler
     def RegisterDataset(self, request, context):
         try:
             graph = graph_lib.parse_graph(request.graph_def)
             element_spec = graph_lib.decode_element_spec(request.metadata.element_spec)
             graph_lib.check_element_spec(element_spec)
         except graph_lib.InvalidDatasetError as e:
-            raise rpc.invalid_argument(f"cannot register the dataset: {e}") from None
+            raise errors.invalid_argument(f"cannot register the dataset: {e}") from None
         except Exception as e:  # noqa: BLE001 - a malformed spec proto raises many kinds
-            raise rpc.invalid_argument(f"cannot register the dataset: unreadable element_spec ({e})") from None
+            raise errors.invalid_argument(f"cannot register the dataset: unreadable element_spec ({e})") from None
         try:
             graph_lib.dataset_from_graph(request.graph_def, element_spec)
         except (tf.errors.OpError, ValueError, TypeError) as e:
             message = getattr(e, "message", str(e))
-            raise rpc.invalid_argument(f"cannot register the dataset: its graph does not import ({message})") from None
+            raise errors.invalid_argument(
+                f"cannot register the dataset: its graph does not import ({message})") from None
         fingerprint = graph_lib.fingerprint(graph)
         requested = request.requested_dataset_id
         with self._lock:
@@ -112,7 +114,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 existing = self._state.datasets.get(requested)
                 if existing is not None:
                     if existing.fingerprint != fingerprint:
-                        raise rpc.ServiceError(
+                        raise errors.ServiceError(
                             grpc.StatusCode.ALREADY_EXISTS,
                             f"dataset id {requested!r} is already registered with a different dataset",
                         )
@@ -138,50 +140,51 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     def _dataset(self, dataset_id: str):
         if not dataset_id:
-            raise rpc.invalid_argument("dataset_id must not be empty")
+            raise errors.invalid_argument("dataset_id must not be empty")
         dataset = self._state.datasets.get(dataset_id)
         if dataset is None:
-            raise rpc.not_found(
+            raise errors.not_found(
                 f"dataset id {dataset_id!r} is not registered with {self._where()}; "
                 "register it with register_dataset() first"
             )
         return dataset
 
-    @rpc.handler
+    @errors.handler
     def GetDataServiceMetadata(self, request, context):
         with self._lock:
             return dispatcher_pb2.GetDataServiceMetadataResponse(metadata=self._dataset(request.dataset_id).metadata)
 
-    @rpc.handler
+    @errors.handler
     def GetElementSpec(self, request, context):
         with self._lock:
             spec = self._dataset(request.dataset_id).metadata.element_spec
         return dispatcher_pb2.GetElementSpecResponse(element_spec=spec)
 
-    @rpc.handler
+    @errors.handler
     def GetDatasetDef(self, request, context):
         with self._lock:
             metadata = self._dataset(request.dataset_id).metadata
         graph_def = self._datasets.get(request.dataset_id)
         if graph_def is None:
-            raise rpc.failed_precondition(f"the graph of dataset {request.dataset_id!r} is missing from the work_dir")
+            raise errors.failed_precondition(
+                f"the graph of dataset {request.dataset_id!r} is missing from the work_dir")
         return dispatcher_pb2.GetDatasetDefResponse(graph_def=graph_def, metadata=metadata)
 
     # ---- jobs and iterations ---------------------------------------------
 
-    @rpc.handler
+    @errors.handler
     def GetOrCreateJob(self, request, context):
         policy = request.processing_mode.sharding_policy
         if policy not in _POLICY_NAMES:
-            raise rpc.invalid_argument(f"unknown sharding policy {policy}")
+            raise errors.invalid_argument(f"unknown sharding policy {policy}")
         if request.num_consumers < 0:
-            raise rpc.invalid_argument(f"num_consumers must be >= 0, got {request.num_consumers}")
+            raise errors.invalid_argument(f"num_consumers must be >= 0, got {request.num_consumers}")
         if request.num_consumers and not request.job_name:
-            raise rpc.invalid_argument("coordinated reads (num_consumers) need a job_name")
+            raise errors.invalid_argument("coordinated reads (num_consumers) need a job_name")
         with self._lock:
             dataset = self._dataset(request.dataset_id)
             if request.num_consumers and dataset.metadata.cardinality != tf.data.INFINITE_CARDINALITY:
-                raise rpc.failed_precondition(
+                raise errors.failed_precondition(
                     f"coordinated reads (num_consumers) need an infinite dataset, but dataset {request.dataset_id!r} "
                     f"has cardinality {dataset.metadata.cardinality}: add .repeat() to the pipeline, so that no "
                     "consumer runs out of rounds before the others")
@@ -207,14 +210,14 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             return []
         graph_bytes = self._datasets.get(dataset_id)
         if graph_bytes is None:
-            raise rpc.failed_precondition(f"the graph of dataset {dataset_id!r} is missing from the work_dir")
+            raise errors.failed_precondition(f"the graph of dataset {dataset_id!r} is missing from the work_dir")
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
             try:
                 return splits.group_sizes(splits.find_sources(graph_lib.parse_graph(graph_bytes)))
             except (splits.UnsplittableDatasetError, graph_lib.InvalidDatasetError) as e:
-                raise rpc.invalid_argument(str(e)) from None
+                raise errors.invalid_argument(str(e)) from None
         if not self._config.worker_addresses:
-            raise rpc.failed_precondition(
+            raise errors.failed_precondition(
                 f"sharding policy {_POLICY_NAMES[policy]} needs a dispatcher configured with worker_addresses "
                 "(the fixed list of workers whose index picks each worker's shard)")
         try:
@@ -223,7 +226,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         except tf.errors.OpError as e:
             # TensorFlow's message ends with a dump of the whole source node: keep its first line.
             reason = re.sub(r"\{\{.*?\}\}\s*", "", e.message).split("\n")[0].strip()
-            raise rpc.invalid_argument(
+            raise errors.invalid_argument(
                 f"cannot shard dataset {dataset_id!r} with policy {_POLICY_NAMES[policy]}: {reason} "
                 "(FILE sharding needs a file-based source such as list_files or TFRecordDataset of a file list; "
                 "DATA or FILE_OR_DATA shard any dataset)") from None
@@ -252,20 +255,20 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             mismatches.append(
                 f"target_workers {_TARGET_NAMES[job.target_workers]} vs {_TARGET_NAMES[request.target_workers]}")
         if mismatches:
-            raise rpc.invalid_argument(
+            raise errors.invalid_argument(
                 f"job {job.job_name!r} already exists with different arguments: " + "; ".join(mismatches))
 
-    @rpc.handler
+    @errors.handler
     def GetOrCreateIteration(self, request, context):
         new_tasks: List[common_pb2.TaskDef] = []
         with self._lock:
             job = self._state.jobs.get(request.job_id)
             if job is None:
-                raise rpc.not_found(
+                raise errors.not_found(
                     f"job {request.job_id} is not known to {self._where()} "
                     "(did the dispatcher restart without fault_tolerant_mode?)")
             if request.repetition < 0:
-                raise rpc.invalid_argument(f"repetition must be >= 0, got {request.repetition}")
+                raise errors.invalid_argument(f"repetition must be >= 0, got {request.repetition}")
             iteration_id = job.iterations.get(request.repetition)
             if iteration_id is None:
                 iteration_id = self._state.next_id("iteration")
@@ -313,7 +316,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         with self._lock:
             stub = self._worker_stubs.get(address)
             if stub is None:
-                stub = worker_pb2_grpc.WorkerServiceStub(rpc.make_channel(address))
+                stub = worker_pb2_grpc.WorkerServiceStub(channels.make_channel(address))
                 self._worker_stubs[address] = stub
             return stub
 
@@ -322,12 +325,12 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
     def _client_iteration(self, client_id: int) -> Iteration:
         iteration = self._state.iteration_of_client(client_id)
         if iteration is None:
-            raise rpc.not_found(
+            raise errors.not_found(
                 f"iteration client {client_id} is not known to {self._where()}: it was released, timed out, "
                 "or the dispatcher restarted without fault_tolerant_mode")
         return iteration
 
-    @rpc.handler
+    @errors.handler
     def ClientHeartbeat(self, request, context):
         with self._lock:
             iteration = self._client_iteration(request.iteration_client_id)
@@ -347,7 +350,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         """Grants the iteration's clients rounds ahead of the most advanced of them: a few
         seconds' worth at the rate they read, journaled only when half the grant is used."""
         if current_round < 0:
-            raise rpc.invalid_argument(f"current_round must be >= 0, got {current_round}")
+            raise errors.invalid_argument(f"current_round must be >= 0, got {current_round}")
         last_time, last_round, rate = self._round_reports.get(iteration.iteration_id, (now, current_round, 0.0))
         if now - last_time >= 0.5:
             rate = max(0, current_round - last_round) / (now - last_time)
@@ -359,7 +362,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             self._commit(extend_rounds=journal_pb2.ExtendRoundsUpdate(
                 iteration_id=iteration.iteration_id, round_limit=current_round + window))
 
-    @rpc.handler
+    @errors.handler
     def ReleaseIterationClient(self, request, context):
         with self._lock:
             self._client_iteration(request.iteration_client_id)
@@ -411,7 +414,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration_id))
                     del self._idle_since[iteration_id]
 
-    @rpc.handler
+    @errors.handler
     def GetWorkers(self, request, context):
         with self._lock:
             return dispatcher_pb2.GetWorkersResponse(workers=[
@@ -420,14 +423,14 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     # ---- workers ---------------------------------------------------------
 
-    @rpc.handler
+    @errors.handler
     def WorkerHeartbeat(self, request, context):
         address = request.worker_address
         if not address:
-            raise rpc.invalid_argument("worker_address must not be empty")
+            raise errors.invalid_argument("worker_address must not be empty")
         allowed = self._config.worker_addresses
         if allowed and address not in allowed:
-            raise rpc.failed_precondition(
+            raise errors.failed_precondition(
                 f"worker {address} is not in the dispatcher's worker_addresses {list(allowed)}: start it with "
                 "one of those addresses (--worker_address) or restart the dispatcher with a list naming it")
         with self._lock:
@@ -448,17 +451,17 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             )
         return response
 
-    @rpc.handler
+    @errors.handler
     def WorkerUpdate(self, request, context):
         with self._lock:
             if request.worker_address not in self._state.workers:
-                raise rpc.not_found(f"worker {request.worker_address!r} is not registered with {self._where()}")
+                raise errors.not_found(f"worker {request.worker_address!r} is not registered with {self._where()}")
             for task_id in request.finished_tasks:
                 task = self._state.tasks.get(task_id)
                 if task is None:
-                    raise rpc.not_found(f"task {task_id} is not known to {self._where()}")
+                    raise errors.not_found(f"task {task_id} is not known to {self._where()}")
                 if task.worker_address != request.worker_address:
-                    raise rpc.invalid_argument(
+                    raise errors.invalid_argument(
                         f"task {task_id} belongs to worker {task.worker_address}, not {request.worker_address}")
                 if not task.finished:
                     self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
@@ -466,25 +469,25 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     # ---- distributed_epoch splits -----------------------------------------
 
-    @rpc.handler
+    @errors.handler
     def GetSplits(self, request, context):
         if request.repetition < 0 or request.max_splits < 0:
-            raise rpc.invalid_argument("repetition and max_splits must be >= 0")
+            raise errors.invalid_argument("repetition and max_splits must be >= 0")
         with self._lock:
             iteration = self._state.iterations.get(request.iteration_id)
             if iteration is None:
-                raise rpc.not_found(f"iteration {request.iteration_id} is not known to {self._where()}")
+                raise errors.not_found(f"iteration {request.iteration_id} is not known to {self._where()}")
             job = self._state.jobs[iteration.job_id]
             if job.sharding_policy != common_pb2.SHARDING_POLICY_DYNAMIC:
-                raise rpc.failed_precondition(
+                raise errors.failed_precondition(
                     f"iteration {request.iteration_id} is not a distributed_epoch iteration: it has no splits")
             if not 0 <= request.split_group < len(job.split_group_sizes):
-                raise rpc.invalid_argument(
+                raise errors.invalid_argument(
                     f"split group {request.split_group} out of range: the pipeline has "
                     f"{len(job.split_group_sizes)}")
             task = self._state.tasks.get(request.task_id)
             if task is None or task.iteration_id != iteration.iteration_id:
-                raise rpc.invalid_argument(
+                raise errors.invalid_argument(
                     f"task {request.task_id} is not a task of iteration {iteration.iteration_id}")
             group, repetition, index = request.split_group, request.repetition, request.index
             key = (task.task_id, group, repetition, index)

@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from dataservice import graph as graph_lib
-from dataservice.wire import ElementCodec
+from dataservice.pipeline import graph as graph_lib
+from dataservice.transfer.wire import ElementCodec
 from dataservice.worker.element_iterator import ComponentIterator
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 import tensorflow as tf
 from tensorflow.python.ops import gen_dataset_ops
 
-from dataservice.wire import Components, ElementCodec
+from dataservice.transfer.wire import Components, ElementCodec
 
 
 def _plain_tensors(element_spec) -> bool:

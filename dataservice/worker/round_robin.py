@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Deque, Dict, List, Optional, Set, Tuple
 
-from dataservice.wire import Components
+from dataservice.transfer.wire import Components
 from dataservice.worker.task_runner import TaskRunner
 
 # Cut rounds kept for consumers that ask again.

@@ -16,8 +16,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from dataservice import rpc
-from dataservice.splits import Source
+from dataservice.pipeline.splits import Source
+from dataservice.rpc import retrying
 from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 
 _RANGE_SIGNATURE = (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64))
@@ -99,7 +99,7 @@ class SplitFetcher:
             return log.ranges[index] if index < len(log.ranges) else None
 
     def _fetch(self, group: int, repetition: int, index: int) -> dispatcher_pb2.GetSplitsResponse:
-        return rpc.call(
+        return retrying.call(
             self._dispatcher.GetSplits,
             dispatcher_pb2.GetSplitsRequest(iteration_id=self._iteration_id, task_id=self._task_id,
                                             split_group=group, repetition=repetition, index=index),

@@ -4,7 +4,7 @@ The client's first request names the task and grants credits; later ones
 grant more. The worker sends at most as many elements as granted, in
 messages of up to max_elements_per_message elements and about
 MAX_BYTES_PER_MESSAGE bytes, and ends with end_of_sequence. A failure ends
-the stream with rpc.ServiceError, which each transfer turns into its own status.
+the stream with errors.ServiceError, which each transfer turns into its own status.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Tuple
 import grpc
 from google.protobuf.message import Message
 
-from dataservice import rpc, wire
+from dataservice.rpc import errors
+from dataservice.transfer import wire
 from dataservice.v1 import common_pb2, worker_pb2
 
 if TYPE_CHECKING:
-    from dataservice.worker.server import WorkerServer
+    from dataservice.worker.worker_server import WorkerServer
 
 DEFAULT_MAX_ELEMENTS_PER_MESSAGE = 1024
 # Measured on loopback with 1 MiB elements (time to the last element): 512 KiB messages
@@ -44,7 +45,7 @@ Response = Tuple[Message, List[wire.Buffer]]
 def grpc_code(error: BaseException) -> grpc.StatusCode:
     """The gRPC code of a TensorFlow error, else INTERNAL."""
     code = getattr(error, "error_code", None)
-    return grpc.StatusCode.INTERNAL if code is None else rpc.status_code(code)
+    return grpc.StatusCode.INTERNAL if code is None else errors.status_code(code)
 
 
 def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
@@ -65,13 +66,13 @@ def stream_task(worker: "WorkerServer", request: worker_pb2.StreamElementsReques
                 later_requests: Iterator[worker_pb2.StreamElementsRequest],
                 is_active: Callable[[], bool]) -> Iterator[Response]:
     """The responses (header and buffers) of the stream that `request` opens; `later_requests`
-    (read on a thread of its own) grant more credits. Raises rpc.ServiceError."""
+    (read on a thread of its own) grant more credits. Raises errors.ServiceError."""
     runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
     if runner is None:
         if request.task_id in worker.finished_tasks:
             yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
             return
-        raise rpc.ServiceError(grpc.StatusCode.UNAVAILABLE, unknown_task_message(worker.address, request.task_id))
+        raise errors.ServiceError(grpc.StatusCode.UNAVAILABLE, unknown_task_message(worker.address, request.task_id))
     credits = _Credits(request.credits)
     threading.Thread(target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}",
                      daemon=True).start()
@@ -90,7 +91,7 @@ def stream_task(worker: "WorkerServer", request: worker_pb2.StreamElementsReques
                                              linger_s)
                 linger_s = LINGER_S
             except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
-                raise rpc.ServiceError(grpc_code(e), pipeline_error(request.task_id, worker.address, e)) from None
+                raise errors.ServiceError(grpc_code(e), pipeline_error(request.task_id, worker.address, e)) from None
             credits.spend(len(elements))
             if done:
                 worker.report_finished(request.task_id)
@@ -100,7 +101,7 @@ def stream_task(worker: "WorkerServer", request: worker_pb2.StreamElementsReques
                 if done:
                     return
             elif runner.stopped:
-                raise rpc.ServiceError(grpc.StatusCode.CANCELLED, stopped_message(request.task_id))
+                raise errors.ServiceError(grpc.StatusCode.CANCELLED, stopped_message(request.task_id))
     finally:
         credits.close()
 

@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Callable, Deque, List, Optional, Tuple
 
-from dataservice.wire import Components, ElementCodec
+from dataservice.transfer.wire import Components, ElementCodec
 from dataservice.worker.element_iterator import ComponentIterator
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The worker's TCP data transfer server (protocol: dataservice/tcp_transfer.py).
+"""The worker's TCP data transfer server (protocol: dataservice/tcp.py).
 
 One thread accepts connections; each connection is one task stream, served
 on a thread of its own by streaming.stream_task, as gRPC's StreamElements is.
@@ -15,7 +15,8 @@ from typing import Callable, Iterator, Set
 
 import grpc
 
-from dataservice import rpc, tcp_transfer, wire
+from dataservice.rpc import errors
+from dataservice.transfer import tcp, wire
 from dataservice.v1 import worker_pb2
 from dataservice.worker import streaming
 
@@ -94,15 +95,15 @@ class TcpTransferServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            tcp_transfer.configure(conn)
-            requests = tcp_transfer.read_requests(conn)
+            tcp.configure(conn)
+            requests = tcp.read_requests(conn)
             request = next(requests, None)
             if request is None:
                 return
             try:
                 for header, buffers in self._stream_fn(request, requests, lambda: not self._stopped.is_set()):
-                    tcp_transfer.send_parts(conn, wire.stream_message(header, buffers))
-            except rpc.ServiceError as e:
+                    tcp.send_parts(conn, wire.stream_message(header, buffers))
+            except errors.ServiceError as e:
                 _send_error(conn, e.code, e.message)
         except OSError as e:
             log.debug("a data transfer connection ended: %s", e)
@@ -124,7 +125,7 @@ class TcpTransferServer:
 
 def _send_error(conn: socket.socket, code: grpc.StatusCode, message: str) -> None:
     header = worker_pb2.StreamElementsResponse(error_code=code.value[0], error_message=message)
-    tcp_transfer.send_parts(conn, wire.stream_message(header))
+    tcp.send_parts(conn, wire.stream_message(header))
 
 
 def _shutdown(conn: socket.socket) -> None:

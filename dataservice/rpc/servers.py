@@ -7,9 +7,17 @@ import logging
 
 import grpc
 
-from dataservice import rpc
+from dataservice.rpc.channels import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
+
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.so_reuseport", 0),
+]
 
 
 def bind(server: grpc.Server, port: int) -> int:
@@ -27,5 +35,5 @@ def bind(server: grpc.Server, port: int) -> int:
 def new_server(max_workers: int) -> grpc.Server:
     return grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        options=rpc.SERVER_OPTIONS,
+        options=SERVER_OPTIONS,
     )

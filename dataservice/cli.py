@@ -23,10 +23,10 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 import yaml
 
-from dataservice import malloc_tuning
 from dataservice.config import DispatcherConfig, WorkerConfig
-from dataservice.dispatcher.server import DispatchServer
-from dataservice.worker.server import WorkerServer
+from dataservice.dispatcher.dispatch_server import DispatchServer
+from dataservice.transfer import allocator
+from dataservice.worker.worker_server import WorkerServer
 
 _CONFIGS = {"dispatcher": DispatcherConfig, "worker": WorkerConfig}
 
@@ -104,7 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.role == "worker":
-        malloc_tuning.keep_freed_memory()
+        allocator.keep_freed_memory()
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -31,7 +31,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from dataservice import wire
+from dataservice.transfer import wire
 from dataservice.v1 import worker_pb2
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ from typing import Dict, List
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from dataservice import mlp  # noqa: E402  (imports TensorFlow; the mesh is made before any op runs)
+import dataservice  # noqa: E402
+from dataservice.demo import mlp  # noqa: E402  (imports TensorFlow; the mesh is made before any op runs)
 
 
 def _plot(history: Dict[str, List[float]], output_dir: str) -> List[str]:
@@ -67,8 +68,7 @@ def main(argv=None) -> int:
     mesh = mlp.virtual_cpu_mesh(args.devices)
     from tqdm import tqdm
 
-    import dataservice
-    from dataservice import sample_data, training
+    from dataservice.demo import sample_data
     from dataservice.local_cluster import LocalCluster
 
     data_dir = tempfile.mkdtemp(prefix="dataservice-digits-")
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
             start = time.monotonic()
             losses, accuracies, examples = [], [], 0
             bar = tqdm(desc=f"epoch {epoch}/{args.epochs}", unit=" batch", disable=args.no_progress, leave=False)
-            for x, y in training.dtensor_batches(train, mesh):
+            for x, y in dataservice.dtensor_batches(train, mesh):
                 loss, acc = mlp.train_step(model, optimizer, x, y)
                 losses.append(float(loss))
                 accuracies.append(float(acc))
@@ -101,10 +101,10 @@ def main(argv=None) -> int:
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
             bar.close()
             seconds = time.monotonic() - start
-            test_results = [mlp.test_step(model, x, y) for x, y in training.dtensor_batches(test, mesh)]
+            test_results = [mlp.test_step(model, x, y) for x, y in dataservice.dtensor_batches(test, mesh)]
             history["train_loss"].append(sum(losses) / len(losses))
             history["train_accuracy"].append(sum(accuracies) / len(accuracies))
-            history["test_loss"].append(sum(float(l) for l, _ in test_results) / len(test_results))
+            history["test_loss"].append(sum(float(loss) for loss, _ in test_results) / len(test_results))
             history["test_accuracy"].append(sum(float(a) for _, a in test_results) / len(test_results))
             print(f"epoch {epoch}: train loss {history['train_loss'][-1]:.3f} accuracy "
                   f"{history['train_accuracy'][-1]:.3f} | test loss {history['test_loss'][-1]:.3f} accuracy "

@@ -19,15 +19,17 @@ from typing import Dict, Optional, Set
 import grpc
 import tensorflow as tf
 
-from dataservice import graph as graph_lib
-from dataservice import data_transfer, rpc, server_util, sharding, splits, tcp_transfer, wire
 from dataservice.config import WorkerConfig
+from dataservice.pipeline import graph as graph_lib
+from dataservice.pipeline import sharding, splits
+from dataservice.rpc import channels, errors, retrying, servers
+from dataservice.transfer import grpc_service, tcp, wire
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
+from dataservice.worker import streaming
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
 from dataservice.worker.element_iterator import ComponentIterator
-from dataservice.worker.split_fetcher import SplitFetcher
 from dataservice.worker.round_robin import RoundRobinServer
-from dataservice.worker import streaming
+from dataservice.worker.split_fetcher import SplitFetcher
 from dataservice.worker.task_runner import TaskRunner
 from dataservice.worker.tcp_server import TcpTransferServer
 
@@ -44,17 +46,17 @@ class _WorkerService:
     def __init__(self, worker: "WorkerServer"):
         self._worker = worker
 
-    @rpc.handler
+    @errors.handler
     def ProcessTask(self, request, context):
         if not request.task.task_id:
-            raise rpc.invalid_argument("ProcessTask needs a task with a task_id")
+            raise errors.invalid_argument("ProcessTask needs a task with a task_id")
         self._worker.start_task(request.task)
         return worker_pb2.ProcessTaskResponse()
 
-    @rpc.handler
+    @errors.handler
     def PrepareDataset(self, request, context):
         if not request.dataset_id:
-            raise rpc.invalid_argument("PrepareDataset needs a dataset_id")
+            raise errors.invalid_argument("PrepareDataset needs a dataset_id")
         self._worker.prepare_dataset(request.dataset_id)
         return worker_pb2.PrepareDatasetResponse()
 
@@ -65,7 +67,7 @@ class _WorkerService:
         try:
             for header, buffers in streaming.stream_task(self._worker, request, request_iterator, context.is_active):
                 yield wire.frame(header, buffers)
-        except rpc.ServiceError as e:
+        except errors.ServiceError as e:
             context.abort(e.code, e.message)
 
     def GetElement(self, request, context):
@@ -105,18 +107,18 @@ class WorkerServer:
         if not isinstance(config, WorkerConfig):
             raise TypeError(f"config must be a WorkerConfig, got {type(config).__name__}")
         self._config = config
-        self._server = server_util.new_server(max_workers=64)
-        self._port = server_util.bind(self._server, config.port)
+        self._server = servers.new_server(max_workers=64)
+        self._port = servers.bind(self._server, config.port)
         self.address = config.worker_address.replace("%port%", str(self._port))
-        data_transfer.add_worker_service(self._server, _WorkerService(self))
+        grpc_service.add_worker_service(self._server, _WorkerService(self))
         # Clients read elements over TCP where the worker offers it (else over gRPC, at self.address).
         self._tcp: Optional[TcpTransferServer] = None
         self.transfer_address = self.address
-        if config.data_transfer_protocol == tcp_transfer.PROTOCOL:
+        if config.data_transfer_protocol == tcp.PROTOCOL:
             self._tcp = TcpTransferServer(functools.partial(streaming.stream_task, self), config.data_transfer_port)
-            self.transfer_address = tcp_transfer.SCHEME + config.data_transfer_address.replace(
+            self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace(
                 "%dts_port%", str(self._tcp.port))
-        self._dispatcher = dispatcher_pb2_grpc.DispatcherServiceStub(rpc.make_channel(config.dispatcher_address))
+        self._dispatcher = dispatcher_pb2_grpc.DispatcherServiceStub(channels.make_channel(config.dispatcher_address))
         self._lock = threading.Lock()
         self._tasks_changed = threading.Condition(self._lock)
         self._runners: Dict[int, TaskRunner] = {}
@@ -197,7 +199,7 @@ class WorkerServer:
     def _heartbeat(self, timeout_s: float) -> None:
         with self._lock:
             current = sorted(self._runners)
-        response = rpc.call(
+        response = retrying.call(
             self._dispatcher.WorkerHeartbeat,
             dispatcher_pb2.WorkerHeartbeatRequest(
                 worker_address=self.address, transfer_address=self.transfer_address, current_tasks=current),
@@ -236,7 +238,7 @@ class WorkerServer:
             tasks = sorted(self._unreported)
         if not tasks:
             return
-        rpc.call(
+        retrying.call(
             self._dispatcher.WorkerUpdate,
             dispatcher_pb2.WorkerUpdateRequest(worker_address=self.address, finished_tasks=tasks),
             server=f"dispatcher at {self._config.dispatcher_address}",
@@ -247,7 +249,7 @@ class WorkerServer:
             self._unreported.difference_update(tasks)
 
     def _fetch_dataset_def(self, dataset_id: str) -> DatasetDef:
-        response = rpc.call(
+        response = retrying.call(
             self._dispatcher.GetDatasetDef,
             dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id),
             server=f"dispatcher at {self._config.dispatcher_address}",

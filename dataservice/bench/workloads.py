@@ -13,7 +13,7 @@ tf.data service and dataservice, in one process run, reported as ratios.
 TensorFlow's servers run in this process (they are C++); ours run as
 `data-server` processes, as they would in production. The client of each
 runs in this process, with the allocator settings a dataservice client
-applies when it reads large elements (`dataservice/malloc_tuning.py`) set
+applies when it reads large elements (`dataservice/allocator.py`) set
 from the start, so that both services' clients run under the same ones.
 Nothing here asserts a speed: `--quick` runs each workload in seconds, for a
 smoke run.
@@ -37,10 +37,10 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.python.data.experimental.ops import testing  # noqa: E402
 
 import dataservice  # noqa: E402
-from dataservice import malloc_tuning  # noqa: E402
 from dataservice.dispatcher import journal  # noqa: E402
 from dataservice.dispatcher.state import DispatcherState  # noqa: E402
 from dataservice.local_cluster import LocalCluster  # noqa: E402
+from dataservice.transfer import allocator  # noqa: E402
 from dataservice.v1 import journal_pb2  # noqa: E402
 
 tf_service = tf.data.experimental.service
@@ -339,7 +339,7 @@ def main(argv=None) -> int:
         parser.error(f"--workloads must be numbers 1-6, got {args.workloads!r}")
     if not set(workloads) <= {1, 2, 3, 4, 5, 6}:
         parser.error(f"--workloads must be numbers 1-6, got {args.workloads!r}")
-    malloc_tuning.keep_freed_memory_in_client()
+    allocator.keep_freed_memory_in_client()
     run(args.quick, workloads, args.json)
     return 0
 

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf.message import Message
 
-from dataservice import compression
+from dataservice.transfer import compression
 from dataservice.v1 import common_pb2
 
 Components = List[np.ndarray]

@@ -8,12 +8,12 @@ import threading
 import time
 from typing import Optional, Tuple
 
-from dataservice import server_util
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import journal
 from dataservice.dispatcher.journal import JournalWriter
 from dataservice.dispatcher.service import DispatcherService
 from dataservice.dispatcher.state import DispatcherState
+from dataservice.rpc import servers
 from dataservice.v1 import dispatcher_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,8 @@ class DispatchServer:
         if not isinstance(self._config, DispatcherConfig):
             raise TypeError(f"config must be a DispatcherConfig, got {type(self._config).__name__}")
         state, self._journal = self._recover()
-        self._server = server_util.new_server(max_workers=32)
-        self._port = server_util.bind(self._server, self._config.port)
+        self._server = servers.new_server(max_workers=32)
+        self._port = servers.bind(self._server, self._config.port)
         self._service = DispatcherService(self._config, address=lambda: self._address, journal=self._journal,
                                           state=state)
         dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._service, self._server)

@@ -1,4 +1,5 @@
-"""Channels that a client process shares between its readers, one per address.
+"""gRPC channels: message limits raised so that any element fits, and channels that a
+client process shares between its readers, one per address.
 
 A new channel pays a TCP and HTTP/2 handshake on its first call (several ms
 on loopback, more across hosts), and a training loop opens an iteration per
@@ -16,9 +17,24 @@ from typing import Dict, Iterator
 
 import grpc
 
-from dataservice import rpc
-
+# Elements and dataset graphs can be far larger than gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES = 2**31 - 1
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # gRPC's reconnect backoff grows to 120 s by default: a dispatcher back after a
+    # restart of a few seconds would then time its workers out before they retried.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 MAX_IDLE = 64
+
+
+def make_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 class SharedChannels:
@@ -35,7 +51,7 @@ class SharedChannels:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = rpc.make_channel(address)
+                channel = self._channels[address] = make_channel(address)
             self._users[address] += 1
             self._idle.pop(address, None)
             return channel
@@ -60,4 +76,5 @@ class SharedChannels:
             self.release(address)
 
 
-channels = SharedChannels()
+# The process's shared channels.
+shared_channels = SharedChannels()

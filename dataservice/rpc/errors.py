@@ -1,0 +1,109 @@
+"""Errors across the RPC boundary.
+
+- ServiceError: how a handler answers with a status code and a message for
+  the user, and the decorator that turns it (or any unexpected exception)
+  into a gRPC status instead of a dead server thread;
+- RemoteError: a status that reached a client outside gRPC (the TCP data
+  transfer), handled as gRPC's are;
+- to_tf_error(): the TensorFlow error class of a status, as clients raise it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable, Optional
+
+import grpc
+import tensorflow as tf
+
+log = logging.getLogger(__name__)
+
+# Codes after which the same call may succeed: the server is (re)starting,
+# overloaded, or the connection dropped.
+RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED})
+
+_TF_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT: tf.errors.InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: tf.errors.NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: tf.errors.AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: tf.errors.FailedPreconditionError,
+    grpc.StatusCode.UNAVAILABLE: tf.errors.UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: tf.errors.DeadlineExceededError,
+    grpc.StatusCode.CANCELLED: tf.errors.CancelledError,
+    grpc.StatusCode.ABORTED: tf.errors.AbortedError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: tf.errors.ResourceExhaustedError,
+    grpc.StatusCode.UNIMPLEMENTED: tf.errors.UnimplementedError,
+    grpc.StatusCode.PERMISSION_DENIED: tf.errors.PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: tf.errors.UnauthenticatedError,
+}
+
+
+class ServiceError(Exception):
+    """Raised by an RPC handler to answer with `code` and a message for the user."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class RemoteError(grpc.RpcError):
+    """A status that reached the client outside gRPC (the TCP data transfer), with
+    grpc.RpcError's code() and details() so that it is handled as gRPC's are."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def status_code(value: Optional[int]) -> grpc.StatusCode:
+    """The gRPC status code numbered `value` (TensorFlow's error codes are the same numbers), else UNKNOWN."""
+    for status in grpc.StatusCode:
+        if status.value[0] == value:
+            return status
+    return grpc.StatusCode.UNKNOWN
+
+
+def invalid_argument(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def not_found(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.NOT_FOUND, message)
+
+
+def failed_precondition(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+def handler(method: Callable) -> Callable:
+    """Wraps a unary servicer method: ServiceError becomes its status, any other
+    exception INTERNAL, so that nothing a client sends can kill the server."""
+
+    @functools.wraps(method)
+    def wrapped(self, request, context: grpc.ServicerContext):
+        try:
+            return method(self, request, context)
+        except ServiceError as e:
+            context.abort(e.code, e.message)
+        except Exception as e:  # noqa: BLE001 - the server must survive any request
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {e}")
+
+    return wrapped
+
+
+def to_tf_error(error: grpc.RpcError, what: str) -> tf.errors.OpError:
+    """A TensorFlow error with the status code of `error`, prefixed by what was attempted."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    cls = _TF_ERRORS.get(code, tf.errors.UnknownError)
+    return cls(None, None, f"{what}: {details}")

@@ -1,0 +1,69 @@
+"""A unary call retried on transient errors with exponential backoff until an
+overall deadline, failing with a TensorFlow error that names the server and
+says what happened."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable, Optional
+
+import grpc
+import tensorflow as tf
+
+from dataservice.rpc.errors import RETRYABLE_CODES, to_tf_error
+
+
+class Backoff:
+    """Exponential backoff with jitter, capped, until a deadline."""
+
+    def __init__(self, timeout_s: float, initial_s: float = 0.05, max_s: float = 2.0):
+        self.deadline = time.monotonic() + timeout_s
+        self.delay = initial_s
+        self.max_s = max_s
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def sleep(self) -> bool:
+        """Sleeps before the next try; False once the deadline has passed."""
+        remaining = self.remaining()
+        if remaining <= 0:
+            return False
+        time.sleep(min(remaining, self.delay * random.uniform(0.5, 1.0)))
+        self.delay = min(self.max_s, self.delay * 2)
+        return True
+
+
+def call(
+    method: Callable[..., Any],
+    request: Any,
+    *,
+    server: str,
+    what: str,
+    timeout_s: float,
+    rpc_timeout_s: Optional[float] = 30.0,
+) -> Any:
+    """Calls `method(request)`, retrying RETRYABLE_CODES until `timeout_s` has passed.
+
+    `server` names the peer in errors ("dispatcher at localhost:5050").
+    Other errors are raised at once as the matching tf.errors class.
+    """
+    backoff = Backoff(timeout_s)
+    while True:
+        per_try = max(0.01, min(rpc_timeout_s or timeout_s, backoff.remaining()))
+        try:
+            return method(request, timeout=per_try)
+        except grpc.RpcError as e:
+            retryable = e.code() in RETRYABLE_CODES or (
+                e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and backoff.remaining() > 0
+            )
+            if not retryable:
+                raise to_tf_error(e, f"{what} ({server})") from None
+            if not backoff.sleep():
+                raise tf.errors.UnavailableError(
+                    None,
+                    None,
+                    f"{what}: the {server} is unavailable; gave up after {timeout_s:.1f} s "
+                    f"(last error: {e.code().name}: {e.details()})",
+                ) from None
