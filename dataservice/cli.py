@@ -37,8 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML file of config fields (flags override it)")
     parser.add_argument("--port", type=int, help="port to bind (0: a free port)")
     parser.add_argument("--work_dir", help="dispatcher: where datasets and the journal are kept")
-    parser.add_argument("--fault_tolerant_mode", action=argparse.BooleanOptionalAction, default=None,
-                        help="dispatcher: journal state to work_dir so a restart loses nothing")
+    parser.add_argument(
+        "--fault_tolerant_mode",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="dispatcher: journal state to work_dir so a restart loses nothing",
+    )
     parser.add_argument("--worker_addresses", help="dispatcher: comma-separated fixed worker list (static sharding)")
     parser.add_argument("--worker_timeout_ms", type=int, help="dispatcher: when a silent worker counts as gone")
     parser.add_argument("--job_gc_check_interval_ms", type=int, help="dispatcher: how often to collect jobs")
@@ -48,10 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker_address", help="worker: address clients reach it at (%%port%% = bound port)")
     parser.add_argument("--heartbeat_interval_ms", type=int, help="worker: heartbeat period")
     parser.add_argument("--dispatcher_timeout_ms", type=int, help="worker: how long to retry the dispatcher")
-    parser.add_argument("--data_transfer_protocol", choices=["tcp", "grpc"],
-                        help="worker: how clients read elements (default tcp, next to gRPC)")
-    parser.add_argument("--data_transfer_address",
-                        help="worker: address clients reach the TCP transfer at (%%dts_port%% = its bound port)")
+    parser.add_argument(
+        "--data_transfer_protocol",
+        choices=["tcp", "grpc"],
+        help="worker: how clients read elements (default tcp, next to gRPC)",
+    )
+    parser.add_argument(
+        "--data_transfer_address",
+        help="worker: address clients reach the TCP transfer at (%%dts_port%% = its bound port)",
+    )
     parser.add_argument("--data_transfer_port", type=int, help="worker: port of the TCP transfer (0: a free port)")
     parser.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -77,8 +86,10 @@ def build_config(args: argparse.Namespace) -> Any:
             raise ValueError(f"config file {args.config} must hold a mapping of {cls.__name__} fields")
         unknown = sorted(set(loaded) - fields)
         if unknown:
-            raise ValueError(f"config file {args.config}: {', '.join(unknown)} not fields of {cls.__name__} "
-                             f"(fields: {', '.join(sorted(fields))})")
+            raise ValueError(
+                f"config file {args.config}: {', '.join(unknown)} not fields of {cls.__name__} "
+                f"(fields: {', '.join(sorted(fields))})"
+            )
         values.update(loaded)
     flags = {k: v for k, v in vars(args).items() if k not in ("role", "config", "log_level") and v is not None}
     foreign = sorted(set(flags) - fields)

@@ -73,14 +73,10 @@ class DispatcherConfig:
         _check_port(self.port)
         _check_protocol(self.protocol)
         if self.fault_tolerant_mode and not self.work_dir:
-            raise ValueError(
-                "fault_tolerant_mode=True needs a work_dir: the dispatcher journals its state there"
-            )
+            raise ValueError("fault_tolerant_mode=True needs a work_dir: the dispatcher journals its state there")
         if self.worker_addresses is not None:
             addresses = tuple(self.worker_addresses)
-            if isinstance(self.worker_addresses, str) or not all(
-                isinstance(a, str) and a for a in addresses
-            ):
+            if isinstance(self.worker_addresses, str) or not all(isinstance(a, str) and a for a in addresses):
                 raise ValueError(
                     f"worker_addresses must be a list of 'host:port' strings, got {self.worker_addresses!r}"
                 )
@@ -136,8 +132,9 @@ class WorkerConfig:
         if self.data_transfer_protocol is None:
             object.__setattr__(self, "data_transfer_protocol", "tcp")
         elif self.data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:
-            raise ValueError("data_transfer_protocol must be None, 'grpc' or 'tcp', "
-                             f"got {self.data_transfer_protocol!r}")
+            raise ValueError(
+                f"data_transfer_protocol must be None, 'grpc' or 'tcp', got {self.data_transfer_protocol!r}"
+            )
         _check_port(self.data_transfer_port)
         if self.data_transfer_address is None:
             host = self.worker_address.rpartition(":")[0] if ":" in self.worker_address else self.worker_address

@@ -35,7 +35,11 @@ class ServerProcess:
         self.args = args
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dataservice.cli", *args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         self.stderr_lines: List[str] = []
         threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr_lines), daemon=True).start()
@@ -114,9 +118,16 @@ class LocalCluster:
     ...     ds = ds.apply(dataservice.distribute("parallel_epochs", cluster.target))
     """
 
-    def __init__(self, num_workers: int = 2, *, processes: bool = True, work_dir: Optional[str] = None,
-                 fault_tolerant_mode: bool = False, dispatcher_options: Optional[Mapping[str, Any]] = None,
-                 worker_options: Optional[Mapping[str, Any]] = None):
+    def __init__(
+        self,
+        num_workers: int = 2,
+        *,
+        processes: bool = True,
+        work_dir: Optional[str] = None,
+        fault_tolerant_mode: bool = False,
+        dispatcher_options: Optional[Mapping[str, Any]] = None,
+        worker_options: Optional[Mapping[str, Any]] = None,
+    ):
         self.processes = processes
         # Processes always get a work_dir (datasets are kept there, as in production); in-process
         # dispatchers only when asked for one.
@@ -159,8 +170,9 @@ class LocalCluster:
         """Starts one more worker; `options` are WorkerConfig fields for it alone."""
         options = {**self._worker_options, **options}
         if self.processes:
-            worker = ServerProcess("--role=worker", "--port=0", f"--dispatcher_address={self.address}",
-                                   *config_flags(options))
+            worker = ServerProcess(
+                "--role=worker", "--port=0", f"--dispatcher_address={self.address}", *config_flags(options)
+            )
         else:
             import dataservice
 

@@ -40,8 +40,7 @@ def parse_processing_mode(processing_mode: Union[str, ShardingPolicy]) -> Shardi
     if isinstance(processing_mode, str) and processing_mode in _MODE_NAMES:
         return _MODE_NAMES[processing_mode]
     raise ValueError(
-        f"processing_mode must be 'parallel_epochs', 'distributed_epoch' or a ShardingPolicy, "
-        f"got {processing_mode!r}"
+        f"processing_mode must be 'parallel_epochs', 'distributed_epoch' or a ShardingPolicy, got {processing_mode!r}"
     )
 
 

@@ -40,8 +40,10 @@ def main() -> None:
             results = [mlp.train_step(model, optimizer, x, y) for x, y in dataservice.dtensor_batches(train, mesh)]
             tests = [mlp.test_step(model, x, y) for x, y in dataservice.dtensor_batches(test, mesh)]
             mean = lambda values: sum(float(v) for v in values) / len(values)  # noqa: E731
-            print(f"epoch {epoch}: train loss {mean([r[0] for r in results]):.3f} "
-                  f"accuracy {mean([r[1] for r in results]):.3f}, test accuracy {mean([t[1] for t in tests]):.3f}")
+            print(
+                f"epoch {epoch}: train loss {mean([r[0] for r in results]):.3f} "
+                f"accuracy {mean([r[1] for r in results]):.3f}, test accuracy {mean([t[1] for t in tests]):.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Keras model.fit on batches that dataservice workers prepare (distributed_epoch over TFRecord shards).
 
-    python examples/keras_fit.py [--epochs 8] [--service grpc://host:port]
+python examples/keras_fit.py [--epochs 8] [--service grpc://host:port]
 """
 
 import argparse
@@ -25,14 +25,20 @@ def main() -> None:
     train_files, test_files = sample_data.write_digits(tempfile.mkdtemp(prefix="digits-"))
     with service_or_local_cluster(args.service, args.workers) as target:
         train = sample_data.digits_dataset(train_files, 32, shuffle_buffer=512).apply(
-            dataservice.distribute("distributed_epoch", target))
-        model = tf.keras.Sequential([
-            tf.keras.Input([sample_data.NUM_FEATURES]),
-            tf.keras.layers.Dense(128, activation="relu"),
-            tf.keras.layers.Dense(sample_data.NUM_CLASSES),
-        ])
-        model.compile(optimizer=tf.keras.optimizers.Adam(3e-3),
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+            dataservice.distribute("distributed_epoch", target)
+        )
+        model = tf.keras.Sequential(
+            [
+                tf.keras.Input([sample_data.NUM_FEATURES]),
+                tf.keras.layers.Dense(128, activation="relu"),
+                tf.keras.layers.Dense(sample_data.NUM_CLASSES),
+            ]
+        )
+        model.compile(
+            optimizer=tf.keras.optimizers.Adam(3e-3),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
         model.fit(train, epochs=args.epochs, verbose=2)
         _, accuracy = model.evaluate(sample_data.digits_dataset(test_files, 64, drop_remainder=False), verbose=0)
         print(f"test accuracy {accuracy:.3f}")

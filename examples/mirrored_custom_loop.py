@@ -25,7 +25,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="in-process workers when --service is not given")
     args = parser.parse_args()
     tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * args.replicas)
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * args.replicas
+    )
 
     import dataservice
     from dataservice.demo import sample_data
@@ -34,8 +35,9 @@ def main() -> None:
     train_files, test_files = sample_data.write_digits(tempfile.mkdtemp(prefix="digits-"))
     strategy = tf.distribute.MirroredStrategy([f"CPU:{i}" for i in range(args.replicas)])
     with service_or_local_cluster(args.service, args.workers) as target, strategy.scope():
-        model = tf.keras.Sequential([tf.keras.Input([64]), tf.keras.layers.Dense(128, activation="relu"),
-                                     tf.keras.layers.Dense(10)])
+        model = tf.keras.Sequential(
+            [tf.keras.Input([64]), tf.keras.layers.Dense(128, activation="relu"), tf.keras.layers.Dense(10)]
+        )
         optimizer = tf.keras.optimizers.Adam(3e-3)
         optimizer.build(model.trainable_variables)  # its slots exist before the first traced step
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
@@ -47,19 +49,26 @@ def main() -> None:
                 with tf.GradientTape() as tape:
                     logits = model(x, training=True)
                     loss = tf.nn.compute_average_loss(loss_fn(y, logits), global_batch_size=args.global_batch)
-                optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                              model.trainable_variables))
+                optimizer.apply_gradients(
+                    zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+                )
                 accuracy.update_state(y, logits)
                 return loss
+
             losses = strategy.run(step, args=batch)
             return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
 
         for epoch in range(args.epochs):
+
             def dataset_fn(context: tf.distribute.InputContext, epoch=epoch) -> tf.data.Dataset:
                 batch = context.get_per_replica_batch_size(args.global_batch)
                 return sample_data.digits_dataset(train_files, batch, shuffle_buffer=512).apply(
-                    dataservice.distribute("distributed_epoch", target,
-                                           **dataservice.input_context_options(context, f"mirrored-epoch-{epoch}")))
+                    dataservice.distribute(
+                        "distributed_epoch",
+                        target,
+                        **dataservice.input_context_options(context, f"mirrored-epoch-{epoch}"),
+                    )
+                )
 
             accuracy.reset_state()
             losses = [float(train_step(batch)) for batch in strategy.distribute_datasets_from_function(dataset_fn)]

@@ -15,7 +15,8 @@ import tensorflow as tf  # noqa: E402
 # Eight logical CPUs for the tf.distribute and DTensor tests: TensorFlow allows
 # this only before it initializes its devices, so it happens at import.
 tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 8)
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 8
+)
 
 from dataservice.local_cluster import LocalCluster, ServerProcess  # noqa: E402
 
@@ -25,8 +26,12 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def in_process_cluster(num_workers: int = 1, **dispatcher_options) -> LocalCluster:
     """A dispatcher (with `dispatcher_options`, DispatcherConfig fields) and workers in this process;
     the workers heartbeat every 200 ms so that tests see changes quickly."""
-    return LocalCluster(num_workers, processes=False, dispatcher_options=dispatcher_options,
-                        worker_options={"heartbeat_interval_ms": 200})
+    return LocalCluster(
+        num_workers,
+        processes=False,
+        dispatcher_options=dispatcher_options,
+        worker_options={"heartbeat_interval_ms": 200},
+    )
 
 
 @pytest.fixture

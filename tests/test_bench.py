@@ -13,8 +13,14 @@ from conftest import REPO_ROOT
 def test_quick_bench_completes(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, "-m", "dataservice.bench", "--quick", "--json", str(out)],
-                            capture_output=True, text=True, timeout=840, cwd=REPO_ROOT, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "dataservice.bench", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        cwd=REPO_ROOT,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     workloads = {row["workload"].split(".")[0] for row in rows}

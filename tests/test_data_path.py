@@ -84,8 +84,11 @@ def test_a_dataset_that_cannot_be_prepared_fails_its_task_instead():
 
 
 def test_a_pipeline_error_in_the_prepared_first_element_reaches_the_task():
-    bad = tf.data.Dataset.from_tensor_slices([1.0, 0.0]).map(
-        lambda x: tf.debugging.check_numerics(1.0 / x, "division by zero")).skip(1)
+    bad = (
+        tf.data.Dataset.from_tensor_slices([1.0, 0.0])
+        .map(lambda x: tf.debugging.check_numerics(1.0 / x, "division by zero"))
+        .skip(1)
+    )
     cache = DatasetCache(_Definitions(bad=bad))
     try:
         cache.prepare_soon("bad")
@@ -172,8 +175,13 @@ dispatcher._stop()
 
 
 def _freed_after_large_reads(**env: str) -> int:
-    result = subprocess.run([sys.executable, "-c", _FREED_AFTER_LARGE_READS], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, **env})
+    result = subprocess.run(
+        [sys.executable, "-c", _FREED_AFTER_LARGE_READS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("FREED")]
     assert lines, result.stderr[-3000:]
     return int(lines[0].split()[1])

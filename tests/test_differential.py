@@ -14,11 +14,13 @@ pytestmark = pytest.mark.timeout(180)
 
 def _canonical(element):
     """A hashable, order-free form of one element."""
+
     def leaf(x):
         if isinstance(x, tf.SparseTensor):
             return ("sparse", leaf(x.indices), leaf(x.values), leaf(x.dense_shape))
         array = np.asarray(x)
         return (array.dtype.str, array.shape, array.tobytes() if array.dtype != object else tuple(array.ravel()))
+
     return tuple(leaf(x) for x in tf.nest.flatten(element))
 
 
@@ -29,15 +31,19 @@ def _multiset(dataset):
 PIPELINES = {
     "range_map": lambda: tf.data.Dataset.range(200).map(lambda x: x * x),
     "nested_dict": lambda: tf.data.Dataset.range(50).map(
-        lambda x: {"id": x, "feat": (tf.cast(x, tf.float32) / 3, tf.strings.as_string(x)), "v": tf.fill([4], x)}),
+        lambda x: {"id": x, "feat": (tf.cast(x, tf.float32) / 3, tf.strings.as_string(x)), "v": tf.fill([4], x)}
+    ),
     "batched_varying": lambda: tf.data.Dataset.range(1, 40).map(lambda i: tf.range(i % 7)).padded_batch(5),
     "filter_shuffle": lambda: tf.data.Dataset.range(300).filter(lambda x: x % 3 == 0).shuffle(64, seed=1),
     "slices_strings": lambda: tf.data.Dataset.from_tensor_slices(
-        {"word": ["alpha", "beta", "gamma", "delta"], "n": [1, 2, 3, 4]}).repeat(5),
+        {"word": ["alpha", "beta", "gamma", "delta"], "n": [1, 2, 3, 4]}
+    ).repeat(5),
     "sparse": lambda: tf.data.Dataset.range(6).map(
-        lambda i: tf.sparse.SparseTensor([[0, i]], [tf.cast(i, tf.float32)], [1, 6])),
-    "unbatch_flat_map": lambda: tf.data.Dataset.range(10).batch(3).unbatch().flat_map(
-        lambda x: tf.data.Dataset.from_tensors(x).repeat(x % 3)),
+        lambda i: tf.sparse.SparseTensor([[0, i]], [tf.cast(i, tf.float32)], [1, 6])
+    ),
+    "unbatch_flat_map": lambda: (
+        tf.data.Dataset.range(10).batch(3).unbatch().flat_map(lambda x: tf.data.Dataset.from_tensors(x).repeat(x % 3))
+    ),
 }
 
 
@@ -45,8 +51,10 @@ PIPELINES = {
 def tf_service():
     dispatcher = tf.data.experimental.service.DispatchServer()
     address = dispatcher.target.split("://")[1]
-    workers = [tf.data.experimental.service.WorkerServer(
-        tf.data.experimental.service.WorkerConfig(dispatcher_address=address)) for _ in range(2)]
+    workers = [
+        tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(dispatcher_address=address))
+        for _ in range(2)
+    ]
     yield dispatcher
     for worker in workers:
         worker._stop()
@@ -74,7 +82,8 @@ def test_same_multiset_as_tensorflow_service(name, tf_service, ours):
 def test_ragged_elements_where_tensorflow_service_fails(ours):
     """TensorFlow's service cannot send RaggedTensor elements; ours yields what a local pipeline does."""
     make = lambda: tf.data.Dataset.from_tensor_slices(  # noqa: E731
-        tf.ragged.constant([[1, 2], [3], [], [4, 5, 6]])).map(lambda r: r * 2)
+        tf.ragged.constant([[1, 2], [3], [], [4, 5, 6]])
+    ).map(lambda r: r * 2)
     mine = make().apply(service.distribute("parallel_epochs", ours.target))
     local = collections.Counter(tuple(r.numpy().tolist()) for r in make())
     got = collections.Counter(tuple(r.numpy().tolist()) for r in mine)

@@ -34,8 +34,13 @@ def files(tmp_path_factory):
         with tf.io.TFRecordWriter(str(root / f"part-{f}.tfrecord")) as writer:
             for r in range(40):
                 value = f * 1000 + r
-                writer.write(tf.train.Example(features=tf.train.Features(feature={
-                    "value": tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))})).SerializeToString())
+                writer.write(
+                    tf.train.Example(
+                        features=tf.train.Features(
+                            feature={"value": tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))}
+                        )
+                    ).SerializeToString()
+                )
                 records.append(value)
     for f in range(4):
         with open(root / f"text-{f}.txt", "w") as out:
@@ -52,8 +57,8 @@ def _distributed(ds, cluster, **kwargs):
 def _exactly_once(values, expected):
     counts = collections.Counter(values)
     assert counts == collections.Counter(expected), (
-        f"missing {sorted(set(expected) - set(counts))[:10]}, "
-        f"duplicated {[v for v, c in counts.items() if c > 1][:10]}")
+        f"missing {sorted(set(expected) - set(counts))[:10]}, duplicated {[v for v, c in counts.items() if c > 1][:10]}"
+    )
 
 
 def _parse(record):
@@ -69,8 +74,12 @@ def test_range_map_batch(cluster3):
 
 def test_list_files_interleave_tfrecord(cluster3, files):
     root, records, _ = files
-    ds = (tf.data.Dataset.list_files(str(root / "*.tfrecord"), shuffle=True, seed=3)
-          .interleave(tf.data.TFRecordDataset, cycle_length=2).map(_parse).batch(16))
+    ds = (
+        tf.data.Dataset.list_files(str(root / "*.tfrecord"), shuffle=True, seed=3)
+        .interleave(tf.data.TFRecordDataset, cycle_length=2)
+        .map(_parse)
+        .batch(16)
+    )
     _exactly_once(np.concatenate(to_list(_distributed(ds, cluster3))).tolist(), records)
 
 
@@ -83,8 +92,7 @@ def test_file_slices_flat_map_shuffle(cluster3, files):
 
 def test_zip_keeps_pairs(cluster3):
     ds = tf.data.Dataset.zip((tf.data.Dataset.range(500), tf.data.Dataset.range(500).map(lambda x: x * 10)))
-    _exactly_once([(int(a), int(b)) for a, b in to_list(_distributed(ds, cluster3))],
-                  [(i, 10 * i) for i in range(500)])
+    _exactly_once([(int(a), int(b)) for a, b in to_list(_distributed(ds, cluster3))], [(i, 10 * i) for i in range(500)])
 
 
 def test_concatenate(cluster3):
@@ -94,7 +102,8 @@ def test_concatenate(cluster3):
 
 def test_sample_from_datasets(cluster3):
     ds = tf.data.Dataset.sample_from_datasets(
-        [tf.data.Dataset.range(0, 200), tf.data.Dataset.range(1000, 1200)], weights=[0.3, 0.7], seed=5)
+        [tf.data.Dataset.range(0, 200), tf.data.Dataset.range(1000, 1200)], weights=[0.3, 0.7], seed=5
+    )
     _exactly_once(to_list(_distributed(ds, cluster3)), list(range(200)) + list(range(1000, 1200)))
 
 
@@ -127,11 +136,16 @@ def test_infinite_repeat_inside(cluster3):
     assert set(counts) == set(range(50))
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: tf.data.Dataset.random(seed=1).take(10), "cannot split the source op RandomDataset"),
-    (lambda: tf.data.Dataset.from_tensor_slices(tf.sparse.SparseTensor([[0, 1]], [1.0], [3, 3])),
-     "cannot split TensorSliceDataset.*sparse or ragged"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: tf.data.Dataset.random(seed=1).take(10), "cannot split the source op RandomDataset"),
+        (
+            lambda: tf.data.Dataset.from_tensor_slices(tf.sparse.SparseTensor([[0, 1]], [1.0], [3, 3])),
+            "cannot split TensorSliceDataset.*sparse or ragged",
+        ),
+    ],
+)
 def test_unsplittable_pipeline_is_refused(cluster3, make, message):
     with pytest.raises(ValueError, match=f"{message}.*parallel_epochs"):
         _distributed(make(), cluster3)
@@ -154,8 +168,15 @@ def static_cluster():
     ports = _free_ports(2)
     addresses = [f"localhost:{p}" for p in ports]
     dispatcher = ServerProcess("--role=dispatcher", "--port=0", "--worker_addresses=" + ",".join(addresses))
-    workers = [ServerProcess("--role=worker", f"--port={p}", f"--worker_address=localhost:{p}",
-                             f"--dispatcher_address={dispatcher.address}") for p in ports]
+    workers = [
+        ServerProcess(
+            "--role=worker",
+            f"--port={p}",
+            f"--worker_address=localhost:{p}",
+            f"--dispatcher_address={dispatcher.address}",
+        )
+        for p in ports
+    ]
     wait_for_workers(dispatcher.address, 2)
     yield dispatcher
     for server in workers + [dispatcher]:
@@ -168,15 +189,20 @@ def _static(ds, dispatcher, policy):
 
 @pytest.mark.parametrize("policy", [service.ShardingPolicy.DATA, service.ShardingPolicy.FILE_OR_DATA])
 def test_static_data_sharding(static_cluster, policy):
-    _exactly_once(to_list(_static(tf.data.Dataset.range(200).map(lambda x: x * 3), static_cluster, policy)),
-                  [3 * i for i in range(200)])
+    _exactly_once(
+        to_list(_static(tf.data.Dataset.range(200).map(lambda x: x * 3), static_cluster, policy)),
+        [3 * i for i in range(200)],
+    )
 
 
 @pytest.mark.parametrize("policy", [service.ShardingPolicy.FILE, service.ShardingPolicy.FILE_OR_DATA])
 def test_static_file_sharding(static_cluster, files, policy):
     root, records, _ = files
-    ds = tf.data.Dataset.list_files(str(root / "*.tfrecord"), shuffle=False).interleave(
-        tf.data.TFRecordDataset).map(_parse)
+    ds = (
+        tf.data.Dataset.list_files(str(root / "*.tfrecord"), shuffle=False)
+        .interleave(tf.data.TFRecordDataset)
+        .map(_parse)
+    )
     _exactly_once(to_list(_static(ds, static_cluster, policy)), records)
 
 

@@ -39,23 +39,27 @@ def _assert_still_serving(cluster):
 def test_unknown_dataset_id_is_not_found(cluster):
     with pytest.raises(tf.errors.NotFoundError, match="dataset id 'nope' is not registered"):
         service.from_dataset_id("parallel_epochs", cluster.target, "nope")
-    ds = service.from_dataset_id("parallel_epochs", cluster.target, "nope",
-                                 element_spec=tf.TensorSpec([], tf.int64))
+    ds = service.from_dataset_id("parallel_epochs", cluster.target, "nope", element_spec=tf.TensorSpec([], tf.int64))
     with pytest.raises(tf.errors.OpError, match="NotFoundError.*'nope'"):
         to_list(ds)
     _assert_still_serving(cluster)
 
 
-@pytest.mark.parametrize("graph_bytes, message", [
-    (b"\xff\xfe not a graph", "not a serialized GraphDef"),
-    (graph_pb2.GraphDef(node=[{"name": "c", "op": "Const"}]).SerializeToString(), "no '_Retval'"),
-    (graph_pb2.GraphDef(node=[{"name": "x", "op": "NoSuchOp"},
-                              {"name": "dataset", "op": "_Retval", "input": ["x"]}]).SerializeToString(),
-     "does not import"),
-])
+@pytest.mark.parametrize(
+    "graph_bytes, message",
+    [
+        (b"\xff\xfe not a graph", "not a serialized GraphDef"),
+        (graph_pb2.GraphDef(node=[{"name": "c", "op": "Const"}]).SerializeToString(), "no '_Retval'"),
+        (
+            graph_pb2.GraphDef(
+                node=[{"name": "x", "op": "NoSuchOp"}, {"name": "dataset", "op": "_Retval", "input": ["x"]}]
+            ).SerializeToString(),
+            "does not import",
+        ),
+    ],
+)
 def test_malformed_graph_is_invalid_argument(cluster, graph_bytes, message):
-    request = dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes,
-                                                    metadata=_metadata(tf.data.Dataset.range(1)))
+    request = dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=_metadata(tf.data.Dataset.range(1)))
     with pytest.raises(grpc.RpcError) as info:
         _stub(cluster).RegisterDataset(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -66,8 +70,8 @@ def test_malformed_graph_is_invalid_argument(cluster, graph_bytes, message):
 def test_unreadable_element_spec_is_invalid_argument(cluster):
     ds = tf.data.Dataset.range(1)
     request = dispatcher_pb2.RegisterDatasetRequest(
-        graph_def=graph_lib.serialize_dataset(ds),
-        metadata=common_pb2.DatasetMetadata(element_spec=b"\x0a\xff garbage"))
+        graph_def=graph_lib.serialize_dataset(ds), metadata=common_pb2.DatasetMetadata(element_spec=b"\x0a\xff garbage")
+    )
     with pytest.raises(grpc.RpcError) as info:
         _stub(cluster).RegisterDataset(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -102,7 +106,8 @@ def test_unreachable_dispatcher_fails_within_the_timeout():
     start = time.monotonic()
     with pytest.raises(tf.errors.UnavailableError, match=f"dispatcher at {address} is unavailable"):
         tf.data.Dataset.range(3).apply(
-            service.distribute("parallel_epochs", "grpc://" + address, dispatcher_timeout_ms=1500))
+            service.distribute("parallel_epochs", "grpc://" + address, dispatcher_timeout_ms=1500)
+        )
     assert time.monotonic() - start < 10
 
 
@@ -112,24 +117,27 @@ def test_worker_without_dispatcher_fails_to_start():
         service.WorkerServer(config)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(processing_mode="every_epoch"), "processing_mode"),
-    (dict(processing_mode=7), "processing_mode"),
-    (dict(compression="gzip"), "compression"),
-    (dict(target_workers="NEAREST"), "target_workers"),
-    (dict(job_name=""), "job_name"),
-    (dict(job_name=3), "job_name"),
-    (dict(consumer_index=0), "together"),
-    (dict(num_consumers=2), "together"),
-    (dict(consumer_index=0, num_consumers=2), "need a job_name"),
-    (dict(job_name="j", consumer_index=2, num_consumers=2), "consumer_index"),
-    (dict(max_outstanding_requests=0), "max_outstanding_requests"),
-    (dict(data_transfer_protocol="rdma"), "data_transfer_protocol"),
-    (dict(service="http://localhost:1"), "protocol"),
-    (dict(service="localhost"), "host:port"),
-    (dict(service=42), "service"),
-    (dict(dispatcher_timeout_ms=0), "dispatcher_timeout_ms"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(processing_mode="every_epoch"), "processing_mode"),
+        (dict(processing_mode=7), "processing_mode"),
+        (dict(compression="gzip"), "compression"),
+        (dict(target_workers="NEAREST"), "target_workers"),
+        (dict(job_name=""), "job_name"),
+        (dict(job_name=3), "job_name"),
+        (dict(consumer_index=0), "together"),
+        (dict(num_consumers=2), "together"),
+        (dict(consumer_index=0, num_consumers=2), "need a job_name"),
+        (dict(job_name="j", consumer_index=2, num_consumers=2), "consumer_index"),
+        (dict(max_outstanding_requests=0), "max_outstanding_requests"),
+        (dict(data_transfer_protocol="rdma"), "data_transfer_protocol"),
+        (dict(service="http://localhost:1"), "protocol"),
+        (dict(service="localhost"), "host:port"),
+        (dict(service=42), "service"),
+        (dict(dispatcher_timeout_ms=0), "dispatcher_timeout_ms"),
+    ],
+)
 def test_invalid_distribute_arguments_are_value_errors(kwargs, message):
     args = dict(processing_mode="parallel_epochs", service="grpc://localhost:1")
     args.update(kwargs)
@@ -137,25 +145,31 @@ def test_invalid_distribute_arguments_are_value_errors(kwargs, message):
         service.distribute(**args)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(fault_tolerant_mode=True), "work_dir"),
-    (dict(port=-1), "port"),
-    (dict(port=70000), "port"),
-    (dict(protocol="http"), "protocol"),
-    (dict(worker_addresses="a:1"), "worker_addresses"),
-    (dict(worker_timeout_ms=0), "worker_timeout_ms"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(fault_tolerant_mode=True), "work_dir"),
+        (dict(port=-1), "port"),
+        (dict(port=70000), "port"),
+        (dict(protocol="http"), "protocol"),
+        (dict(worker_addresses="a:1"), "worker_addresses"),
+        (dict(worker_timeout_ms=0), "worker_timeout_ms"),
+    ],
+)
 def test_invalid_dispatcher_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
         service.DispatcherConfig(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(dispatcher_address=""), "dispatcher_address"),
-    (dict(dispatcher_address="ftp://x:1"), "protocol"),
-    (dict(dispatcher_address="localhost:1", heartbeat_interval_ms=-5), "heartbeat_interval_ms"),
-    (dict(dispatcher_address="localhost:1", port="80"), "port"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(dispatcher_address=""), "dispatcher_address"),
+        (dict(dispatcher_address="ftp://x:1"), "protocol"),
+        (dict(dispatcher_address="localhost:1", heartbeat_interval_ms=-5), "heartbeat_interval_ms"),
+        (dict(dispatcher_address="localhost:1", port="80"), "port"),
+    ],
+)
 def test_invalid_worker_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
         service.WorkerConfig(**kwargs)
@@ -165,19 +179,32 @@ def test_raw_rpcs_with_bad_ids_get_the_right_codes(cluster):
     stub = _stub(cluster)
     cases = [
         (stub.GetOrCreateIteration, dispatcher_pb2.GetOrCreateIterationRequest(job_id=999), grpc.StatusCode.NOT_FOUND),
-        (stub.ClientHeartbeat, dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=999),
-         grpc.StatusCode.NOT_FOUND),
-        (stub.ReleaseIterationClient, dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=999),
-         grpc.StatusCode.NOT_FOUND),
+        (
+            stub.ClientHeartbeat,
+            dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=999),
+            grpc.StatusCode.NOT_FOUND,
+        ),
+        (
+            stub.ReleaseIterationClient,
+            dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=999),
+            grpc.StatusCode.NOT_FOUND,
+        ),
         (stub.GetElementSpec, dispatcher_pb2.GetElementSpecRequest(dataset_id=""), grpc.StatusCode.INVALID_ARGUMENT),
         (stub.GetDatasetDef, dispatcher_pb2.GetDatasetDefRequest(dataset_id="x"), grpc.StatusCode.NOT_FOUND),
         (stub.WorkerHeartbeat, dispatcher_pb2.WorkerHeartbeatRequest(), grpc.StatusCode.INVALID_ARGUMENT),
-        (stub.WorkerUpdate, dispatcher_pb2.WorkerUpdateRequest(worker_address="nobody:1", finished_tasks=[1]),
-         grpc.StatusCode.NOT_FOUND),
+        (
+            stub.WorkerUpdate,
+            dispatcher_pb2.WorkerUpdateRequest(worker_address="nobody:1", finished_tasks=[1]),
+            grpc.StatusCode.NOT_FOUND,
+        ),
         (stub.GetOrCreateJob, dispatcher_pb2.GetOrCreateJobRequest(dataset_id="x"), grpc.StatusCode.NOT_FOUND),
-        (stub.GetOrCreateJob, dispatcher_pb2.GetOrCreateJobRequest(
-            dataset_id="x", processing_mode=common_pb2.ProcessingModeDef(sharding_policy=42)),
-         grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            stub.GetOrCreateJob,
+            dispatcher_pb2.GetOrCreateJobRequest(
+                dataset_id="x", processing_mode=common_pb2.ProcessingModeDef(sharding_policy=42)
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
     ]
     for method, request, code in cases:
         with pytest.raises(grpc.RpcError) as info:

@@ -22,8 +22,9 @@ def _slow_range(n, sleep_us=4000):
 
 @pytest.fixture(scope="module")
 def ft_cluster():
-    cluster = LocalCluster(num_workers=2, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS,
-                           worker_options=_WORKER_OPTIONS)
+    cluster = LocalCluster(
+        num_workers=2, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS, worker_options=_WORKER_OPTIONS
+    )
     wait_for_workers(cluster.address, 2)
     yield cluster
     cluster.stop()
@@ -78,8 +79,9 @@ def test_worker_added_mid_job(ft_cluster):
 
 
 def test_worker_killed_mid_distributed_epoch(capsys):
-    cluster = LocalCluster(num_workers=3, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS,
-                           worker_options=_WORKER_OPTIONS)
+    cluster = LocalCluster(
+        num_workers=3, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS, worker_options=_WORKER_OPTIONS
+    )
     try:
         wait_for_workers(cluster.address, 3)
         n = 1500
@@ -101,8 +103,9 @@ def test_worker_killed_mid_distributed_epoch(capsys):
 
 
 def test_dispatcher_and_workers_restarted_together():
-    cluster = LocalCluster(num_workers=2, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS,
-                           worker_options=_WORKER_OPTIONS)
+    cluster = LocalCluster(
+        num_workers=2, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS, worker_options=_WORKER_OPTIONS
+    )
     try:
         wait_for_workers(cluster.address, 2)
         ds = _slow_range(300).apply(service.distribute("parallel_epochs", cluster.target))

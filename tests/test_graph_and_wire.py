@@ -34,8 +34,11 @@ def test_fingerprint_tells_pipelines_apart():
 
 
 def test_element_spec_round_trips():
-    spec = {"a": tf.RaggedTensorSpec([None, None], tf.int32), "b": (tf.SparseTensorSpec([4], tf.float32),),
-            "c": tf.TensorSpec([2, None], tf.string)}
+    spec = {
+        "a": tf.RaggedTensorSpec([None, None], tf.int32),
+        "b": (tf.SparseTensorSpec([4], tf.float32),),
+        "c": tf.TensorSpec([2, None], tf.string),
+    }
     assert graph_lib.decode_element_spec(graph_lib.encode_element_spec(spec)) == spec
 
 
@@ -76,8 +79,9 @@ def _roundtrip(spec, elements, compress=False, transfer="grpc"):
     return codec, list(header.chunks), decoded
 
 
-@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.int8, tf.uint16, tf.int64, tf.bool, tf.bfloat16,
-                                   tf.complex64, tf.half])
+@pytest.mark.parametrize(
+    "dtype", [tf.float32, tf.float64, tf.int8, tf.uint16, tf.int64, tf.bool, tf.bfloat16, tf.complex64, tf.half]
+)
 @pytest.mark.parametrize("transfer", ["grpc", "tcp"])
 def test_fixed_shape_elements_are_stacked(dtype, transfer):
     elements = [tf.cast(tf.reshape(tf.range(6) + i, [2, 3]), dtype) for i in range(5)]
@@ -117,8 +121,9 @@ def test_ragged_travels_as_components(transfer):
 @pytest.mark.parametrize("transfer", ["grpc", "tcp"])
 def test_frames_carry_buffers_aligned_and_decode_to_arrays_tensorflow_adopts(transfer):
     spec = (tf.TensorSpec([3], tf.int8), tf.TensorSpec([2], tf.float64), tf.TensorSpec([], tf.string))
-    elements = [(tf.constant([1, 2, 3], tf.int8), tf.constant([0.5, i], tf.float64), tf.constant(b"s" * i))
-                for i in range(3)]
+    elements = [
+        (tf.constant([1, 2, 3], tf.int8), tf.constant([0.5, i], tf.float64), tf.constant(b"s" * i)) for i in range(3)
+    ]
     codec, chunks, decoded = _roundtrip(spec, elements, transfer=transfer)
     small, floats, strings = decoded[0]
     # Aligned as TensorFlow needs to take the memory over without copying it.
@@ -146,9 +151,9 @@ def test_worker_components_are_the_tensors_memory_and_keep_it_alive():
 def test_tf_aligned_copies_only_unaligned_arrays():
     raw = np.arange(1024, dtype=np.uint8)
     start = -raw.ctypes.data % wire.TF_ALIGNMENT
-    aligned_view = raw[start:start + 512].view(np.float64)
+    aligned_view = raw[start : start + 512].view(np.float64)
     assert wire.tf_aligned(aligned_view) is aligned_view
-    unaligned = raw[start + 8:start + 8 + 512].view(np.float64).reshape(8, 8)
+    unaligned = raw[start + 8 : start + 8 + 512].view(np.float64).reshape(8, 8)
     copy = wire.tf_aligned(unaligned)
     assert copy is not unaligned and copy.ctypes.data % wire.TF_ALIGNMENT == 0
     assert copy.shape == (8, 8) and copy.dtype == np.float64

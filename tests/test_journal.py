@@ -111,8 +111,9 @@ def test_fault_tolerant_dispatcher_restart_keeps_datasets_and_jobs(tmp_path):
     source = tf.data.Dataset.range(20).map(lambda x: x * 5)
     dataset_id = service.register_dataset(dispatcher.target, source, dataset_id="kept")
     dispatcher.stop()
-    restarted = service.DispatchServer(service.DispatcherConfig(
-        port=port, work_dir=str(tmp_path), fault_tolerant_mode=True))
+    restarted = service.DispatchServer(
+        service.DispatcherConfig(port=port, work_dir=str(tmp_path), fault_tolerant_mode=True)
+    )
     worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=f"localhost:{port}"))
     try:
         ds = service.from_dataset_id("parallel_epochs", restarted.target, dataset_id)
@@ -142,8 +143,9 @@ def test_without_fault_tolerance_a_restart_forgets(tmp_path):
 def test_restart_without_fault_tolerance_fails_reads_clearly(tmp_path):
     dispatcher = service.DispatchServer()
     port = dispatcher.port
-    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=f"localhost:{port}",
-                                                       heartbeat_interval_ms=200))
+    worker = service.WorkerServer(
+        service.WorkerConfig(dispatcher_address=f"localhost:{port}", heartbeat_interval_ms=200)
+    )
     restarted = None
     try:
         source = tf.data.Dataset.range(100).apply(testing.sleep(20_000))

@@ -54,7 +54,8 @@ def test_nested_structures_and_dtypes(cluster):
 
 def test_varying_shapes_and_strings(cluster):
     source = tf.data.Dataset.range(1, 30).map(
-        lambda i: (tf.range(i), tf.strings.as_string(tf.range(i)), tf.strings.reduce_join(["x"] * 3)))
+        lambda i: (tf.range(i), tf.strings.as_string(tf.range(i)), tf.strings.reduce_join(["x"] * 3))
+    )
     ds = _distribute(source, cluster)
     assert ds.element_spec == source.element_spec
     got = sorted(to_list(ds), key=lambda e: len(e[0]))
@@ -72,7 +73,8 @@ def test_ragged_elements(cluster):
 
 def test_sparse_elements(cluster):
     source = tf.data.Dataset.range(5).map(
-        lambda i: tf.sparse.SparseTensor(indices=[[0, i]], values=[tf.cast(i, tf.float32)], dense_shape=[2, 5]))
+        lambda i: tf.sparse.SparseTensor(indices=[[0, i]], values=[tf.cast(i, tf.float32)], dense_shape=[2, 5])
+    )
     ds = _distribute(source, cluster)
     assert ds.element_spec == source.element_spec
     got = sorted((tf.sparse.to_dense(e).numpy().tolist() for e in ds))
@@ -191,7 +193,8 @@ def test_named_job_with_another_mode_is_rejected(cluster):
     iterator = iter(_distribute(tf.data.Dataset.range(10**6), cluster, job_name="j"))
     next(iterator)
     other = tf.data.Dataset.range(10**6).apply(
-        service.distribute("parallel_epochs", cluster.target, job_name="j", target_workers="ANY"))
+        service.distribute("parallel_epochs", cluster.target, job_name="j", target_workers="ANY")
+    )
     # Errors raised while iterating pass through tf.data's generator op, which
     # keeps the message (and the original error's name) but not the class.
     with pytest.raises(tf.errors.OpError, match="InvalidArgumentError.*job 'j' already exists.*target_workers"):
@@ -223,8 +226,9 @@ def test_from_dataset_id_fetches_the_element_spec(cluster):
     ds = service.from_dataset_id("parallel_epochs", cluster.target, dataset_id)
     assert ds.element_spec == source.element_spec
     assert sorted(int(e["x"]) for e in to_list(ds)) == list(range(6))
-    with_spec = service.from_dataset_id(service.ShardingPolicy.OFF, cluster.target, dataset_id.numpy().decode(),
-                                        element_spec=source.element_spec)
+    with_spec = service.from_dataset_id(
+        service.ShardingPolicy.OFF, cluster.target, dataset_id.numpy().decode(), element_spec=source.element_spec
+    )
     assert len(to_list(with_spec)) == 6
 
 

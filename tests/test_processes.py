@@ -52,19 +52,23 @@ def test_sigint_also_stops_gracefully(processes):
 
 
 def _run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "dataservice.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dataservice.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--role=coordinator"], "invalid choice: 'coordinator'"),
-    (["--role=dispatcher", "--bogus_flag=1"], "unrecognized arguments: --bogus_flag=1"),
-    (["--role=dispatcher", "--port=x"], "--port: invalid int value"),
-    (["--role=worker"], "needs --dispatcher_address"),
-    (["--role=worker", "--dispatcher_address=localhost:1", "--work_dir=/tmp"], "--work_dir cannot be used"),
-    (["--role=dispatcher", "--fault_tolerant_mode"], "needs a work_dir"),
-    (["--role=dispatcher", "--config=/nonexistent.yaml"], "cannot read config file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--role=coordinator"], "invalid choice: 'coordinator'"),
+        (["--role=dispatcher", "--bogus_flag=1"], "unrecognized arguments: --bogus_flag=1"),
+        (["--role=dispatcher", "--port=x"], "--port: invalid int value"),
+        (["--role=worker"], "needs --dispatcher_address"),
+        (["--role=worker", "--dispatcher_address=localhost:1", "--work_dir=/tmp"], "--work_dir cannot be used"),
+        (["--role=dispatcher", "--fault_tolerant_mode"], "needs a work_dir"),
+        (["--role=dispatcher", "--config=/nonexistent.yaml"], "cannot read config file"),
+    ],
+)
 def test_bad_command_lines_fail_with_a_message(args, message):
     result = _run_cli(*args)
     assert result.returncode != 0
@@ -80,6 +84,10 @@ def test_unknown_yaml_key_is_named(tmp_path):
 
 
 def test_server_bin_entry_point_runs():
-    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "server_bin", "data_server.py"), "--help"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO_ROOT, "server_bin", "data_server.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and "--role" in result.stdout

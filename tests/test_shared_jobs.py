@@ -51,8 +51,14 @@ print("ELEMENTS " + json.dumps(out), flush=True)
 
 def _client_process(**args) -> subprocess.Popen:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
-    return subprocess.Popen([sys.executable, "-c", _CLIENT, json.dumps(args)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", _CLIENT, json.dumps(args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _start_together(clients: list[subprocess.Popen]) -> None:
@@ -69,7 +75,7 @@ def _elements(proc: subprocess.Popen, timeout_s: float = 120) -> list:
     out, err = proc.communicate(timeout=timeout_s)
     assert proc.returncode == 0, err[-3000:]
     line = [text for text in out.splitlines() if text.startswith("ELEMENTS ")][-1]
-    return json.loads(line[len("ELEMENTS "):])
+    return json.loads(line[len("ELEMENTS ") :])
 
 
 def _in_threads(count, target):
@@ -95,8 +101,10 @@ def _in_threads(count, target):
 
 def test_shared_job_divides_elements_between_client_processes(cluster):
     cluster.add_worker()
-    clients = [_client_process(n=300, sleep_us=5000, barrier=True, target=cluster.target,
-                               kwargs={"job_name": "shared"}) for _ in range(2)]
+    clients = [
+        _client_process(n=300, sleep_us=5000, barrier=True, target=cluster.target, kwargs={"job_name": "shared"})
+        for _ in range(2)
+    ]
     _start_together(clients)
     parts = [_elements(p) for p in clients]
     assert all(parts), "both processes got elements"
@@ -108,8 +116,7 @@ def test_shared_job_divides_elements_between_threads(cluster):
     source = tf.data.Dataset.range(400).apply(testing.sleep(3000))
 
     def read(_):
-        return [int(x) for x in source.apply(service.distribute("parallel_epochs", cluster.target,
-                                                                job_name="threads"))]
+        return [int(x) for x in source.apply(service.distribute("parallel_epochs", cluster.target, job_name="threads"))]
 
     parts = _in_threads(3, read)
     assert sum(1 for p in parts if p) >= 2
@@ -123,15 +130,19 @@ def test_each_repeat_epoch_of_a_named_job_is_its_own_iteration(cluster):
 
 def test_reusing_the_name_of_a_finished_job_gives_an_empty_dataset(cluster):
     make = lambda: tf.data.Dataset.range(10).apply(  # noqa: E731
-        service.distribute("parallel_epochs", cluster.target, job_name="done"))
+        service.distribute("parallel_epochs", cluster.target, job_name="done")
+    )
     assert [int(x) for x in make()] == list(range(10))
     assert [int(x) for x in make()] == [], "the job's first iteration is over: a new reader of it gets nothing"
 
 
-@pytest.mark.parametrize("first, second, named", [
-    (dict(processing_mode="distributed_epoch"), dict(processing_mode="parallel_epochs"), "processing mode"),
-    (dict(target_workers="AUTO"), dict(target_workers="LOCAL"), "target_workers"),
-])
+@pytest.mark.parametrize(
+    "first, second, named",
+    [
+        (dict(processing_mode="distributed_epoch"), dict(processing_mode="parallel_epochs"), "processing mode"),
+        (dict(target_workers="AUTO"), dict(target_workers="LOCAL"), "target_workers"),
+    ],
+)
 def test_shared_job_with_other_arguments_names_the_mismatch(cluster, first, second, named):
     def make(kwargs):
         kwargs = dict(kwargs)
@@ -150,8 +161,16 @@ def test_shared_job_with_other_arguments_names_the_mismatch(cluster, first, seco
 def _coordinated(cluster_target, index, count=2, job_name="coord", rounds=40, sleep_us=0, event=None):
     """Consumer `index` of `count` reads `rounds` rounds; consumer 0 calls event[1]()
     after event[0] of them (a worker joins or dies mid-job)."""
-    ds = tf.data.Dataset.range(10**9).apply(testing.sleep(sleep_us)).repeat().apply(service.distribute(
-        "parallel_epochs", cluster_target, job_name=job_name, consumer_index=index, num_consumers=count))
+    ds = (
+        tf.data.Dataset.range(10**9)
+        .apply(testing.sleep(sleep_us))
+        .repeat()
+        .apply(
+            service.distribute(
+                "parallel_epochs", cluster_target, job_name=job_name, consumer_index=index, num_consumers=count
+            )
+        )
+    )
     out = []
     for x in ds.take(rounds):
         out.append(int(x))
@@ -178,9 +197,16 @@ def test_coordinated_reads_in_threads_read_each_round_from_one_worker(cluster2):
 
 
 def test_coordinated_reads_in_processes(cluster2):
-    clients = [_client_process(n=10**9, repeat=True, limit=30, target=cluster2.target,
-                               kwargs={"job_name": "procs", "consumer_index": i, "num_consumers": 2})
-               for i in range(2)]
+    clients = [
+        _client_process(
+            n=10**9,
+            repeat=True,
+            limit=30,
+            target=cluster2.target,
+            kwargs={"job_name": "procs", "consumer_index": i, "num_consumers": 2},
+        )
+        for i in range(2)
+    ]
     _assert_rounds_from_one_stream([_elements(p) for p in clients], 2)
 
 
@@ -191,8 +217,9 @@ def test_coordinated_reads_survive_a_worker_joining(cluster):
         cluster.add_worker()
         added.set()
 
-    parts = _in_threads(2, lambda i: _coordinated(cluster.target, i, job_name="join", rounds=200, sleep_us=2000,
-                                                  event=(30, add)))
+    parts = _in_threads(
+        2, lambda i: _coordinated(cluster.target, i, job_name="join", rounds=200, sleep_us=2000, event=(30, add))
+    )
     assert added.is_set()
     _assert_rounds_from_one_stream(parts, 2)
     # The new worker's stream starts again at 0: its rounds show up after it joined.
@@ -201,8 +228,9 @@ def test_coordinated_reads_survive_a_worker_joining(cluster):
 
 
 def test_coordinated_reads_survive_a_worker_dying():
-    with LocalCluster(num_workers=2, dispatcher_options={"worker_timeout_ms": 2000},
-                      worker_options={"heartbeat_interval_ms": 300}) as cluster:
+    with LocalCluster(
+        num_workers=2, dispatcher_options={"worker_timeout_ms": 2000}, worker_options={"heartbeat_interval_ms": 300}
+    ) as cluster:
         wait_for_workers(cluster.address, 2)
         killed = threading.Event()
 
@@ -211,8 +239,9 @@ def test_coordinated_reads_survive_a_worker_dying():
             killed.set()
 
         start = time.monotonic()
-        parts = _in_threads(2, lambda i: _coordinated(cluster.target, i, job_name="die", rounds=80, sleep_us=2000,
-                                                      event=(20, kill)))
+        parts = _in_threads(
+            2, lambda i: _coordinated(cluster.target, i, job_name="die", rounds=80, sleep_us=2000, event=(20, kill))
+        )
         assert killed.is_set()
         assert len(parts[0]) == len(parts[1]) == 80, "both consumers read on after the worker died"
         assert time.monotonic() - start < 120
@@ -222,12 +251,20 @@ def test_coordinated_reads_survive_a_worker_dying():
 
 def test_coordinated_reads_need_an_infinite_dataset(cluster):
     with pytest.raises(ValueError, match="infinite dataset"):
-        tf.data.Dataset.range(10).apply(service.distribute(
-            "parallel_epochs", cluster.target, job_name="finite", consumer_index=0, num_consumers=2))
+        tf.data.Dataset.range(10).apply(
+            service.distribute("parallel_epochs", cluster.target, job_name="finite", consumer_index=0, num_consumers=2)
+        )
     # Through from_dataset_id with an element_spec the client cannot tell: the dispatcher refuses.
     dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10))
-    ds = service.from_dataset_id("parallel_epochs", cluster.target, dataset_id, tf.TensorSpec([], tf.int64),
-                                 job_name="finite", consumer_index=0, num_consumers=2)
+    ds = service.from_dataset_id(
+        "parallel_epochs",
+        cluster.target,
+        dataset_id,
+        tf.TensorSpec([], tf.int64),
+        job_name="finite",
+        consumer_index=0,
+        num_consumers=2,
+    )
     with pytest.raises(tf.errors.OpError, match="FailedPreconditionError.*infinite dataset"):
         next(iter(ds))
 
@@ -246,8 +283,9 @@ def test_named_iteration_without_clients_is_released_after_job_gc_timeout():
     cluster = in_process_cluster(1, job_gc_timeout_ms=1500, job_gc_check_interval_ms=200)
     try:
         worker = cluster.workers[0]
-        iterator = iter(tf.data.Dataset.range(10**9).apply(
-            service.distribute("parallel_epochs", cluster.target, job_name="gc")))
+        iterator = iter(
+            tf.data.Dataset.range(10**9).apply(service.distribute("parallel_epochs", cluster.target, job_name="gc"))
+        )
         next(iterator)
         assert len(worker._runners) == 1
         del iterator
@@ -276,8 +314,7 @@ def test_vanished_client_is_released_after_client_timeout():
 
 
 def test_local_target_workers_read_from_workers_on_this_host(cluster):
-    ds = tf.data.Dataset.range(50).apply(service.distribute("parallel_epochs", cluster.target,
-                                                            target_workers="LOCAL"))
+    ds = tf.data.Dataset.range(50).apply(service.distribute("parallel_epochs", cluster.target, target_workers="LOCAL"))
     assert sorted(int(x) for x in ds) == list(range(50))
 
 
@@ -285,8 +322,9 @@ def test_local_target_workers_without_a_local_worker_is_an_error():
     cluster = in_process_cluster(0)
     try:
         cluster.add_worker(worker_address="worker-7.elsewhere.invalid:%port%")
-        ds = tf.data.Dataset.range(50).apply(service.distribute("parallel_epochs", cluster.target,
-                                                                target_workers="LOCAL"))
+        ds = tf.data.Dataset.range(50).apply(
+            service.distribute("parallel_epochs", cluster.target, target_workers="LOCAL")
+        )
         with pytest.raises(tf.errors.OpError, match="FailedPreconditionError.*target_workers='LOCAL'.*elsewhere"):
             next(iter(ds))
     finally:
@@ -320,8 +358,7 @@ def test_consumers_of_a_shared_job_may_use_either_compression(cluster):
     kinds = ["AUTO", None]
 
     def read(i):
-        ds = source.apply(service.distribute("parallel_epochs", cluster.target, job_name="z",
-                                             compression=kinds[i]))
+        ds = source.apply(service.distribute("parallel_epochs", cluster.target, job_name="z", compression=kinds[i]))
         return [(int(x[0]), bool(np.all(x.numpy() == x[0].numpy()))) for x in ds]
 
     parts = _in_threads(2, read)
@@ -337,8 +374,9 @@ def test_max_outstanding_requests_bounds_what_a_client_holds(cluster2):
     dataset_id = service.register_dataset(cluster2.target, tf.data.Dataset.range(10**9)).numpy().decode()
     codec = ElementCodec(tf.TensorSpec([], tf.int64))
     job = JobSpec(dataset_id, common_pb2.SHARDING_POLICY_OFF, None, None, common_pb2.TARGET_WORKERS_AUTO)
-    reader = IterationReader(cluster2.address, job, 0, codec, max_outstanding=10, timeout_s=30,
-                             compression=common_pb2.COMPRESSION_AUTO)
+    reader = IterationReader(
+        cluster2.address, job, 0, codec, max_outstanding=10, timeout_s=30, compression=common_pb2.COMPRESSION_AUTO
+    )
     try:
         _wait_until(lambda: len(reader._streams) == 2 and reader._queue.qsize() > 0, 30, "no element arrived")
         time.sleep(1.5)  # a consumer that does not read: workers must stop sending
@@ -357,6 +395,7 @@ def test_max_outstanding_requests_bounds_what_a_client_holds(cluster2):
 
 def _rss_mib(pid: int) -> float:
     import psutil
+
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
@@ -364,8 +403,11 @@ def test_slow_client_of_large_elements_keeps_worker_and_client_memory_flat(capsy
     with LocalCluster(num_workers=1) as cluster:
         wait_for_workers(cluster.address, 1)
         payload = tf.random.stateless_uniform([1 << 18], seed=[3, 4])  # 1 MiB of float32
-        ds = tf.data.Dataset.from_tensors(payload).repeat().apply(
-            service.distribute("parallel_epochs", cluster.target, max_outstanding_requests=8))
+        ds = (
+            tf.data.Dataset.from_tensors(payload)
+            .repeat()
+            .apply(service.distribute("parallel_epochs", cluster.target, max_outstanding_requests=8))
+        )
         worker_pid, client_pid = cluster.workers[0].proc.pid, os.getpid()
         samples = []
         start = time.monotonic()
@@ -379,8 +421,10 @@ def test_slow_client_of_large_elements_keeps_worker_and_client_memory_flat(capsy
             if elapsed >= 30:
                 break
         with capsys.disabled():
-            print(f"\n  RSS over 30 s of slow 1 MiB reads ({read} elements): " + ", ".join(
-                f"t={t:.0f}s worker={w:.0f} MiB client={c:.0f} MiB" for t, w, c in samples))
+            print(
+                f"\n  RSS over 30 s of slow 1 MiB reads ({read} elements): "
+                + ", ".join(f"t={t:.0f}s worker={w:.0f} MiB client={c:.0f} MiB" for t, w, c in samples)
+            )
         _, worker_early, client_early = samples[1]
         _, worker_late, client_late = samples[-1]
         # The worker buffers at most 64 MiB, the client 8 elements: neither grows with time.

@@ -54,11 +54,14 @@ def test_iteration_finishes_with_its_last_task():
 
 
 def test_finish_iteration_stops_its_tasks():
-    state = _apply_all(_script() + [
-        U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=1)),
-        U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=2)),
-        U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=1)),
-    ])
+    state = _apply_all(
+        _script()
+        + [
+            U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=1)),
+            U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=2)),
+            U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=1)),
+        ]
+    )
     assert state.iteration_clients == {}
     assert state.iterations[1].client_ids == set()
     assert state.active_tasks_of_worker("w2:1") == []
@@ -82,54 +85,97 @@ def random_updates(rng: random.Random, length: int):
     for _ in range(length):
         choice = rng.random()
         if choice < 0.2:
-            updates.append(U(create_iteration=journal_pb2.CreateIterationUpdate(
-                iteration_id=next_iteration, job_id=1, repetition=next_iteration)))
+            updates.append(
+                U(
+                    create_iteration=journal_pb2.CreateIterationUpdate(
+                        iteration_id=next_iteration, job_id=1, repetition=next_iteration
+                    )
+                )
+            )
             next_iteration += 1
         elif choice < 0.4:
             worker = rng.choice(["w1:1", "w2:1"])
-            updates.append(U(create_task=journal_pb2.CreateTaskUpdate(
-                task_id=next_task, iteration_id=rng.randrange(1, next_iteration), worker_address=worker,
-                starting_round=rng.choice([0, rng.randrange(100)]))))
+            updates.append(
+                U(
+                    create_task=journal_pb2.CreateTaskUpdate(
+                        task_id=next_task,
+                        iteration_id=rng.randrange(1, next_iteration),
+                        worker_address=worker,
+                        starting_round=rng.choice([0, rng.randrange(100)]),
+                    )
+                )
+            )
             tasks_on[worker].append(next_task)
             next_task += 1
         elif choice < 0.55:
-            updates.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
-                iteration_client_id=next_client, iteration_id=rng.randrange(1, next_iteration))))
+            updates.append(
+                U(
+                    acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                        iteration_client_id=next_client, iteration_id=rng.randrange(1, next_iteration)
+                    )
+                )
+            )
             clients.add(next_client)
             next_client += 1
         elif choice < 0.65 and clients:
             client = rng.choice(sorted(clients))
             clients.discard(client)
-            updates.append(U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(
-                iteration_client_id=client)))
+            updates.append(
+                U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=client))
+            )
         elif choice < 0.75:
             begin = rng.randrange(0, 100)
             # The dispatcher hands no splits to a task of a lost worker.
             task = rng.choice([t for t in range(next_task) if t not in lost_tasks])
-            handed = dict(iteration_id=rng.randrange(1, next_iteration), split_group=rng.randrange(2),
-                          repetition=rng.randrange(3), task_id=task, index=rng.randrange(4))
-            updates.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
-                begin=begin, end=begin + rng.randrange(1, 50), **handed)))
+            handed = dict(
+                iteration_id=rng.randrange(1, next_iteration),
+                split_group=rng.randrange(2),
+                repetition=rng.randrange(3),
+                task_id=task,
+                index=rng.randrange(4),
+            )
+            updates.append(
+                U(
+                    produce_splits=journal_pb2.ProduceSplitsUpdate(
+                        begin=begin, end=begin + rng.randrange(1, 50), **handed
+                    )
+                )
+            )
             if rng.random() < 0.5:
                 updates.append(U(start_splits=journal_pb2.StartSplitsUpdate(**handed)))
         elif choice < 0.77:
-            updates.append(U(return_splits=journal_pb2.ReturnSplitsUpdate(
-                iteration_id=rng.randrange(1, next_iteration), split_group=rng.randrange(2),
-                repetition=rng.randrange(3), begin=rng.randrange(100), end=100 + rng.randrange(100))))
+            updates.append(
+                U(
+                    return_splits=journal_pb2.ReturnSplitsUpdate(
+                        iteration_id=rng.randrange(1, next_iteration),
+                        split_group=rng.randrange(2),
+                        repetition=rng.randrange(3),
+                        begin=rng.randrange(100),
+                        end=100 + rng.randrange(100),
+                    )
+                )
+            )
         elif choice < 0.79:
             worker = rng.choice(["w1:1", "w2:1"])
             lost = [t for t in tasks_on[worker][-20:] if rng.random() < 0.5]
             lost_tasks.update(lost)
             updates.append(U(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=worker, lost_tasks=lost)))
             if rng.random() < 0.5:
-                updates.append(U(register_worker=journal_pb2.RegisterWorkerUpdate(
-                    worker_address=worker, transfer_address=worker)))
+                updates.append(
+                    U(register_worker=journal_pb2.RegisterWorkerUpdate(worker_address=worker, transfer_address=worker))
+                )
         elif choice < 0.795:
-            updates.append(U(extend_rounds=journal_pb2.ExtendRoundsUpdate(
-                iteration_id=rng.randrange(1, next_iteration), round_limit=rng.randrange(1, 500))))
+            updates.append(
+                U(
+                    extend_rounds=journal_pb2.ExtendRoundsUpdate(
+                        iteration_id=rng.randrange(1, next_iteration), round_limit=rng.randrange(1, 500)
+                    )
+                )
+            )
         elif choice < 0.8:
-            updates.append(U(finish_iteration=journal_pb2.FinishIterationUpdate(
-                iteration_id=rng.randrange(1, next_iteration))))
+            updates.append(
+                U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=rng.randrange(1, next_iteration)))
+            )
         else:
             updates.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=rng.randrange(1, next_task))))
     return updates
@@ -158,11 +204,17 @@ def test_snapshot_then_replay_equals_full_replay():
 
 
 def test_round_limits_only_grow():
-    state = _apply_all(_script() + [
-        U(extend_rounds=journal_pb2.ExtendRoundsUpdate(iteration_id=1, round_limit=40)),
-        U(extend_rounds=journal_pb2.ExtendRoundsUpdate(iteration_id=1, round_limit=16)),
-        U(create_task=journal_pb2.CreateTaskUpdate(task_id=3, iteration_id=1, worker_address="w1:1",
-                                                   starting_round=40)),
-    ])
+    state = _apply_all(
+        _script()
+        + [
+            U(extend_rounds=journal_pb2.ExtendRoundsUpdate(iteration_id=1, round_limit=40)),
+            U(extend_rounds=journal_pb2.ExtendRoundsUpdate(iteration_id=1, round_limit=16)),
+            U(
+                create_task=journal_pb2.CreateTaskUpdate(
+                    task_id=3, iteration_id=1, worker_address="w1:1", starting_round=40
+                )
+            ),
+        ]
+    )
     assert state.iterations[1].round_limit == 40
     assert state.task_def(state.tasks[3]).starting_round == 40

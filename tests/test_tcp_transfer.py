@@ -23,14 +23,16 @@ def _registered_transfer_addresses(cluster) -> dict:
     """worker address -> transfer address, as the dispatcher knows them."""
     with grpc.insecure_channel(cluster.address) as channel:
         response = dispatcher_pb2_grpc.DispatcherServiceStub(channel).GetWorkers(
-            dispatcher_pb2.GetWorkersRequest(), timeout=10)
+            dispatcher_pb2.GetWorkersRequest(), timeout=10
+        )
     return {w.address: w.transfer_address for w in response.workers}
 
 
 def _mixed_elements() -> tf.data.Dataset:
     """Varying shapes, strings and a nested structure: elements that travel one a chunk."""
     return tf.data.Dataset.range(200).map(
-        lambda x: {"id": x, "words": tf.fill([x % 5], tf.strings.as_string(x)), "vec": tf.range(x % 7)})
+        lambda x: {"id": x, "words": tf.fill([x % 5], tf.strings.as_string(x)), "vec": tf.range(x % 7)}
+    )
 
 
 def _as_lists(dataset: tf.data.Dataset) -> list:
@@ -39,8 +41,9 @@ def _as_lists(dataset: tf.data.Dataset) -> list:
 
 @pytest.mark.parametrize("protocol", [None, "tcp", "grpc"])
 def test_every_protocol_reads_the_same_elements(cluster, protocol):
-    read = _mixed_elements().apply(service.distribute("parallel_epochs", cluster.target,
-                                                      data_transfer_protocol=protocol))
+    read = _mixed_elements().apply(
+        service.distribute("parallel_epochs", cluster.target, data_transfer_protocol=protocol)
+    )
     assert _as_lists(read) == _as_lists(_mixed_elements())
 
 
@@ -81,11 +84,14 @@ def test_an_unknown_task_is_unavailable_over_tcp(cluster):
     assert "no task 424242" in response.error_message
 
 
-@pytest.mark.parametrize("garbage", [
-    struct.pack("<I", 2**31) + b"huge",        # a request size over the limit
-    struct.pack("<I", 4) + b"\xff\xff\xff\xff",  # bytes that are no StreamElementsRequest
-    b"\x01",                                      # a connection closed mid-request
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        struct.pack("<I", 2**31) + b"huge",  # a request size over the limit
+        struct.pack("<I", 4) + b"\xff\xff\xff\xff",  # bytes that are no StreamElementsRequest
+        b"\x01",  # a connection closed mid-request
+    ],
+)
 def test_garbage_on_the_data_port_closes_that_connection_only(cluster, garbage):
     address = tcp.transfer_address(cluster.workers[0].transfer_address)
     with tcp.connect(address, 10) as sock:

@@ -68,8 +68,15 @@ def test_strategy_run_in_a_tf_function_consumes_the_service_dataset(cluster, str
 def test_distribute_datasets_from_function_reads_a_shared_job(cluster2, strategy):
     def dataset_fn(context):
         batch = context.get_per_replica_batch_size(8)
-        return tf.data.Dataset.range(80).batch(batch).apply(service.distribute(
-            "distributed_epoch", cluster2.target, **service.input_context_options(context, "from-function")))
+        return (
+            tf.data.Dataset.range(80)
+            .batch(batch)
+            .apply(
+                service.distribute(
+                    "distributed_epoch", cluster2.target, **service.input_context_options(context, "from-function")
+                )
+            )
+        )
 
     seen = []
     for per_replica in strategy.distribute_datasets_from_function(dataset_fn):
@@ -82,7 +89,10 @@ def test_distribute_datasets_from_function_reads_a_shared_job(cluster2, strategy
 def test_input_context_options_make_coordinated_consumers(cluster2):
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
     assert service.input_context_options(context, "j", coordinated=True) == {
-        "job_name": "j", "consumer_index": 1, "num_consumers": 2}
+        "job_name": "j",
+        "consumer_index": 1,
+        "num_consumers": 2,
+    }
     assert service.input_context_options(context, "j") == {"job_name": "j"}
     with pytest.raises(ValueError, match="job_name"):
         service.input_context_options(context, "")
@@ -90,8 +100,12 @@ def test_input_context_options_make_coordinated_consumers(cluster2):
 
 def test_pack_batch_shards_the_global_batch_along_the_mesh_batch_dimension(cluster):
     mesh = dtensor.create_mesh([("batch", 4)], devices=[f"CPU:{i}" for i in range(4)])
-    served = tf.data.Dataset.range(32).map(lambda i: (tf.fill([5], tf.cast(i, tf.float32)), i)).batch(8).apply(
-        service.distribute("parallel_epochs", cluster.target))
+    served = (
+        tf.data.Dataset.range(32)
+        .map(lambda i: (tf.fill([5], tf.cast(i, tf.float32)), i))
+        .batch(8)
+        .apply(service.distribute("parallel_epochs", cluster.target))
+    )
     batches = list(service.dtensor_batches(served, mesh))
     assert len(batches) == 4
     x, y = batches[1]
@@ -109,12 +123,17 @@ def test_pack_batch_shards_the_global_batch_along_the_mesh_batch_dimension(clust
 def test_keras_fit_learns_the_digits_through_distributed_epoch(cluster2, digits):
     train_files, test_files = digits
     train = sample_data.digits_dataset(train_files, 32, shuffle_buffer=512).apply(
-        service.distribute("distributed_epoch", cluster2.target))
+        service.distribute("distributed_epoch", cluster2.target)
+    )
     tf.keras.utils.set_random_seed(1)
-    model = tf.keras.Sequential([tf.keras.Input([64]), tf.keras.layers.Dense(128, activation="relu"),
-                                 tf.keras.layers.Dense(10)])
-    model.compile(optimizer=tf.keras.optimizers.Adam(3e-3),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model = tf.keras.Sequential(
+        [tf.keras.Input([64]), tf.keras.layers.Dense(128, activation="relu"), tf.keras.layers.Dense(10)]
+    )
+    model.compile(
+        optimizer=tf.keras.optimizers.Adam(3e-3),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     history = model.fit(train, epochs=6, verbose=0)
     _, accuracy = model.evaluate(sample_data.digits_dataset(test_files, 64, drop_remainder=False), verbose=0)
     assert accuracy >= 0.90, f"test accuracy {accuracy:.3f} after 6 epochs"
@@ -132,16 +151,16 @@ def test_estimate_input_impact_tells_input_bound_from_compute_bound():
         time.sleep(0.02)
         return tf.reduce_sum(batch)
 
-    impact = service.estimate_input_impact(tf.data.Dataset.range(10**6).batch(16), slow_step, steps=15,
-                                            warmup_steps=2)
+    impact = service.estimate_input_impact(tf.data.Dataset.range(10**6).batch(16), slow_step, steps=15, warmup_steps=2)
     assert not impact.input_bound and impact.suggested_workers == 1, impact
     assert "not input-bound" in str(impact)
 
 
 def _run(args, timeout_s=240):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout_s,
-                          cwd=REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout_s, cwd=REPO_ROOT
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -150,11 +169,14 @@ def _final_accuracy(output: str) -> float:
     return float(output.strip().splitlines()[-1].split()[-1])
 
 
-@pytest.mark.parametrize("example, args", [
-    ("dtensor_mlp.py", ["--epochs", "4"]),
-    ("keras_fit.py", ["--epochs", "5"]),
-    ("mirrored_custom_loop.py", ["--epochs", "5"]),
-])
+@pytest.mark.parametrize(
+    "example, args",
+    [
+        ("dtensor_mlp.py", ["--epochs", "4"]),
+        ("keras_fit.py", ["--epochs", "5"]),
+        ("mirrored_custom_loop.py", ["--epochs", "5"]),
+    ],
+)
 def test_examples_train_to_a_useful_accuracy(example, args):
     out = _run([os.path.join("examples", example), *args])
     last = out.strip().splitlines()[-1]

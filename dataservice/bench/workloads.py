@@ -116,9 +116,13 @@ def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0) -> Dict[str, fl
     seconds = time.perf_counter() - start
     del iterator
     steady_s = last_s - first_s
-    return {"elements": elements, "seconds": seconds, "elements_per_s": elements / seconds,
-            "mb_per_s": elements * bytes_per_element / seconds / 1e6,
-            "steady_mb_per_s": (elements - first_elements) * bytes_per_element / steady_s / 1e6 if steady_s else 0.0}
+    return {
+        "elements": elements,
+        "seconds": seconds,
+        "elements_per_s": elements / seconds,
+        "mb_per_s": elements * bytes_per_element / seconds / 1e6,
+        "steady_mb_per_s": (elements - first_elements) * bytes_per_element / steady_s / 1e6 if steady_s else 0.0,
+    }
 
 
 def _big_rates(counted: Dict[str, float]) -> Dict[str, float]:
@@ -139,18 +143,22 @@ class Bench:
         self.quick = quick
         self.rows: List[dict] = []
 
-    def record(self, workload: str, metric: str, unit: str, values: Dict[str, float],
-               higher_is_better: bool = True) -> None:
+    def record(
+        self, workload: str, metric: str, unit: str, values: Dict[str, float], higher_is_better: bool = True
+    ) -> None:
         ours, theirs = values.get("dataservice"), values.get("tf.data service")
         ratio = None
         if ours and theirs:
             ratio = ours / theirs if higher_is_better else theirs / ours
-        row = {"workload": workload, "metric": metric, "unit": unit, "values": values,
-               "ratio_vs_tf_service": ratio}
+        row = {"workload": workload, "metric": metric, "unit": unit, "values": values, "ratio_vs_tf_service": ratio}
         self.rows.append(row)
         cells = "  ".join(f"{k}={v:,.3f}" if v < 100 else f"{k}={v:,.0f}" for k, v in values.items())
-        print(f"{workload:<44} {metric:<22} {cells}  ratio={ratio:.2f}x" if ratio else
-              f"{workload:<44} {metric:<22} {cells}", flush=True)
+        print(
+            f"{workload:<44} {metric:<22} {cells}  ratio={ratio:.2f}x"
+            if ratio
+            else f"{workload:<44} {metric:<22} {cells}",
+            flush=True,
+        )
 
     def distribute(self, system, cluster, mode: str = "parallel_epochs", **kwargs) -> Callable:
         if system == "dataservice":
@@ -164,10 +172,20 @@ class Bench:
             for _ in tf.data.Dataset.range(64).apply(self.distribute(system, cluster)):
                 pass
 
-    def compare(self, workload: str, metric: str, unit: str, make: Callable[[int], tf.data.Dataset],
-                clusters: Dict[str, object], measure: Callable[[tf.data.Dataset], Measured],
-                local: bool = True, higher_is_better: bool = True, repeats: int = 1, pause_s: float = 0.0,
-                **distribute_kwargs) -> Dict[str, float]:
+    def compare(
+        self,
+        workload: str,
+        metric: str,
+        unit: str,
+        make: Callable[[int], tf.data.Dataset],
+        clusters: Dict[str, object],
+        measure: Callable[[tf.data.Dataset], Measured],
+        local: bool = True,
+        higher_is_better: bool = True,
+        repeats: int = 1,
+        pause_s: float = 0.0,
+        **distribute_kwargs,
+    ) -> Dict[str, float]:
         """Measures `make(trial)` locally and through each service, `repeats` times in
         turn (so that a passing disturbance hits every system alike); the median counts.
         `measure` gives the metric's value, or several metrics' values by name (the first
@@ -185,8 +203,10 @@ class Bench:
             for system, cluster in clusters.items():
                 time.sleep(pause_s)
                 add(system, measure(make(trial).apply(self.distribute(system, cluster, **distribute_kwargs))))
-        medians = {name: {system: statistics.median(runs) for system, runs in by_system.items()}
-                   for name, by_system in samples.items()}
+        medians = {
+            name: {system: statistics.median(runs) for system, runs in by_system.items()}
+            for name, by_system in samples.items()
+        }
         for name, values in medians.items():
             self.record(workload, name, unit, values, higher_is_better)
         return next(iter(medians.values()))
@@ -198,33 +218,54 @@ def _job_lifecycle_updates(count: int) -> List[journal_pb2.Update]:
     U = journal_pb2.Update
     updates = [U(register_dataset=journal_pb2.RegisterDatasetUpdate(dataset_id="1", fingerprint="f"))]
     workers = [f"worker-{w}:5051" for w in range(4)]
-    updates += [U(register_worker=journal_pb2.RegisterWorkerUpdate(worker_address=w, transfer_address=w))
-                for w in workers]
+    updates += [
+        U(register_worker=journal_pb2.RegisterWorkerUpdate(worker_address=w, transfer_address=w)) for w in workers
+    ]
     job = task = 0
     while len(updates) < count:
         job += 1
-        updates.append(U(create_job=journal_pb2.CreateJobUpdate(
-            job_id=job, dataset_id="1", processing_mode={"sharding_policy": 1}, split_group_sizes=[4096])))
+        updates.append(
+            U(
+                create_job=journal_pb2.CreateJobUpdate(
+                    job_id=job, dataset_id="1", processing_mode={"sharding_policy": 1}, split_group_sizes=[4096]
+                )
+            )
+        )
         updates.append(U(create_iteration=journal_pb2.CreateIterationUpdate(iteration_id=job, job_id=job)))
         tasks = []
         for w in workers:
             task += 1
             tasks.append(task)
-            updates.append(U(create_task=journal_pb2.CreateTaskUpdate(task_id=task, iteration_id=job,
-                                                                      worker_address=w)))
-        updates.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
-            iteration_client_id=job, iteration_id=job)))
+            updates.append(
+                U(create_task=journal_pb2.CreateTaskUpdate(task_id=task, iteration_id=job, worker_address=w))
+            )
+        updates.append(
+            U(
+                acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                    iteration_client_id=job, iteration_id=job
+                )
+            )
+        )
         for index in range(4):
             for t in tasks:
                 begin = (index * 4 + t % 4) * 256
-                updates.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
-                    iteration_id=job, split_group=0, begin=begin, end=begin + 256, task_id=t, index=index)))
+                updates.append(
+                    U(
+                        produce_splits=journal_pb2.ProduceSplitsUpdate(
+                            iteration_id=job, split_group=0, begin=begin, end=begin + 256, task_id=t, index=index
+                        )
+                    )
+                )
                 if index:
-                    updates.append(U(start_splits=journal_pb2.StartSplitsUpdate(
-                        iteration_id=job, task_id=t, split_group=0, index=index - 1)))
+                    updates.append(
+                        U(
+                            start_splits=journal_pb2.StartSplitsUpdate(
+                                iteration_id=job, task_id=t, split_group=0, index=index - 1
+                            )
+                        )
+                    )
         updates += [U(finish_task=journal_pb2.FinishTaskUpdate(task_id=t)) for t in tasks]
-        updates.append(U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(
-            iteration_client_id=job)))
+        updates.append(U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=job)))
     return updates[:count]
 
 
@@ -265,9 +306,15 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
         bench.warm_up(clusters)
         n_scalars = int(100_000 * scale) or 2000
         if 1 in workloads:
-            bench.compare("1. scalar int64, 1 worker, parallel_epochs", "throughput", "elements/s",
-                          lambda trial: tf.data.Dataset.range(n_scalars), clusters,
-                          lambda ds: _count(ds)["elements_per_s"], repeats=repeats)
+            bench.compare(
+                "1. scalar int64, 1 worker, parallel_epochs",
+                "throughput",
+                "elements/s",
+                lambda trial: tf.data.Dataset.range(n_scalars),
+                clusters,
+                lambda ds: _count(ds)["elements_per_s"],
+                repeats=repeats,
+            )
         if 2 in workloads:
             mib = 1024 * 1024
             n_big = max(20, int(1000 * scale))
@@ -275,51 +322,101 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
             payload = tf.random.stateless_uniform([mib // 4], seed=[1, 2])
             make_big = lambda trial: tf.data.Dataset.from_tensors(payload).repeat(n_big)  # noqa: E731
             for compression in (None, "AUTO"):
-                bench.compare(f"2. 1 MiB float32, 1 worker, compression={compression}", "throughput", "MB/s",
-                              make_big, clusters, lambda ds: _big_rates(_count(ds, mib)), repeats=repeats,
-                              compression=compression)
+                bench.compare(
+                    f"2. 1 MiB float32, 1 worker, compression={compression}",
+                    "throughput",
+                    "MB/s",
+                    make_big,
+                    clusters,
+                    lambda ds: _big_rates(_count(ds, mib)),
+                    repeats=repeats,
+                    compression=compression,
+                )
         if 5 in workloads:
             # A new pipeline each trial: the first element of a new job, not of a cached one.
-            bench.compare("5. time to first element, 1 worker", "latency", "s",
-                          lambda trial: tf.data.Dataset.range(10**9).map(lambda x: x + trial), clusters,
-                          _first_element_s, higher_is_better=False, repeats=latency_repeats, pause_s=0.5)
+            bench.compare(
+                "5. time to first element, 1 worker",
+                "latency",
+                "s",
+                lambda trial: tf.data.Dataset.range(10**9).map(lambda x: x + trial),
+                clusters,
+                _first_element_s,
+                higher_is_better=False,
+                repeats=latency_repeats,
+                pause_s=0.5,
+            )
         sleep_us = 2000
         n_sleep = int(3000 * scale) or 100
         make_slow = lambda trial: tf.data.Dataset.range(n_sleep).apply(testing.sleep(sleep_us))  # noqa: E731
         rates: Dict[int, Dict[str, float]] = {}
         if 4 in workloads:
-            rates[1] = bench.compare("4. sleep 2 ms/element, 1 worker", "throughput", "elements/s", make_slow,
-                                     clusters, lambda ds: _count(ds)["elements_per_s"], repeats=repeats)
+            rates[1] = bench.compare(
+                "4. sleep 2 ms/element, 1 worker",
+                "throughput",
+                "elements/s",
+                make_slow,
+                clusters,
+                lambda ds: _count(ds)["elements_per_s"],
+                repeats=repeats,
+            )
         for cluster in clusters.values():
             cluster.add_worker()
         bench.warm_up(clusters)
         if 3 in workloads:
             n_split = int(200_000 * scale) or 5000
-            bench.compare("3. distributed_epoch range(N), 2 workers", "throughput", "elements/s",
-                          lambda trial: tf.data.Dataset.range(n_split), clusters,
-                          lambda ds: _count(ds)["elements_per_s"], mode="distributed_epoch")
+            bench.compare(
+                "3. distributed_epoch range(N), 2 workers",
+                "throughput",
+                "elements/s",
+                lambda trial: tf.data.Dataset.range(n_split),
+                clusters,
+                lambda ds: _count(ds)["elements_per_s"],
+                mode="distributed_epoch",
+            )
         if 4 in workloads:
-            rates[2] = bench.compare("4. sleep 2 ms/element, 2 workers", "throughput", "elements/s", make_slow,
-                                     clusters, lambda ds: _count(ds)["elements_per_s"], local=False,
-                                     repeats=repeats)
+            rates[2] = bench.compare(
+                "4. sleep 2 ms/element, 2 workers",
+                "throughput",
+                "elements/s",
+                make_slow,
+                clusters,
+                lambda ds: _count(ds)["elements_per_s"],
+                local=False,
+                repeats=repeats,
+            )
             for cluster in clusters.values():
                 cluster.add_worker()
                 cluster.add_worker()
             bench.warm_up(clusters)
-            rates[4] = bench.compare("4. sleep 2 ms/element, 4 workers", "throughput", "elements/s", make_slow,
-                                     clusters, lambda ds: _count(ds)["elements_per_s"], local=False,
-                                     repeats=repeats)
+            rates[4] = bench.compare(
+                "4. sleep 2 ms/element, 4 workers",
+                "throughput",
+                "elements/s",
+                make_slow,
+                clusters,
+                lambda ds: _count(ds)["elements_per_s"],
+                local=False,
+                repeats=repeats,
+            )
             for k in (2, 4):
-                bench.record(f"4. scaling efficiency, {k} workers", "efficiency", "rate_k/(k*rate_1)",
-                             {s: rates[k][s] / (k * rates[1][s]) for s in clusters})
+                bench.record(
+                    f"4. scaling efficiency, {k} workers",
+                    "efficiency",
+                    "rate_k/(k*rate_1)",
+                    {s: rates[k][s] / (k * rates[1][s]) for s in clusters},
+                )
     finally:
         for cluster in clusters.values():
             cluster.stop()
     if 6 in workloads:
         updates = _job_lifecycle_updates(100_000 if not quick else 10_000)
-        bench.record(f"6. recovery, journal of {len(updates):,} updates", "replay time", "s", {
-            "raw journal": _recovery_s(updates, None),
-            "snapshot every 10,000": _recovery_s(updates, 10_000)}, higher_is_better=False)
+        bench.record(
+            f"6. recovery, journal of {len(updates):,} updates",
+            "replay time",
+            "s",
+            {"raw journal": _recovery_s(updates, None), "snapshot every 10,000": _recovery_s(updates, 10_000)},
+            higher_is_better=False,
+        )
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"quick": quick, "rows": bench.rows}, f, indent=2)

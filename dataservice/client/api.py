@@ -56,8 +56,13 @@ def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
 def _call_dispatcher(address: str, method: str, request, what: str, timeout_s: float):
     """One call to the dispatcher's `method`, on the channel shared with this process's readers."""
     with shared_channels.holding(address) as channel:
-        return retrying.call(getattr(dispatcher_pb2_grpc.DispatcherServiceStub(channel), method), request,
-                        server=f"dispatcher at {address}", what=what, timeout_s=timeout_s)
+        return retrying.call(
+            getattr(dispatcher_pb2_grpc.DispatcherServiceStub(channel), method),
+            request,
+            server=f"dispatcher at {address}",
+            what=what,
+            timeout_s=timeout_s,
+        )
 
 
 def _dataset_id_str(dataset_id: DatasetId) -> str:
@@ -72,8 +77,15 @@ def _dataset_id_str(dataset_id: DatasetId) -> str:
     return dataset_id
 
 
-def _register(address: str, dataset: tf.data.Dataset, compression: Optional[str], requested: str,
-              timeout_s: float, splittable: bool = False, prepare_workers: bool = False) -> str:
+def _register(
+    address: str,
+    dataset: tf.data.Dataset,
+    compression: Optional[str],
+    requested: str,
+    timeout_s: float,
+    splittable: bool = False,
+    prepare_workers: bool = False,
+) -> str:
     """Checks the pipeline (splittable: also for distributed_epoch), serializing it once, and registers it.
     `prepare_workers`: it is about to be read whole on every worker, which can prepare it."""
     if not isinstance(dataset, tf.data.Dataset):
@@ -90,16 +102,24 @@ def _register(address: str, dataset: tf.data.Dataset, compression: Optional[str]
         # Refuse an unsplittable pipeline here, not at the first element.
         splits.find_sources(graph)
     return _call_dispatcher(
-        address, "RegisterDataset",
-        dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_bytes, metadata=metadata,
-                                              requested_dataset_id=requested, prepare_workers=prepare_workers),
-        "registering a dataset", timeout_s,
+        address,
+        "RegisterDataset",
+        dispatcher_pb2.RegisterDatasetRequest(
+            graph_def=graph_bytes, metadata=metadata, requested_dataset_id=requested, prepare_workers=prepare_workers
+        ),
+        "registering a dataset",
+        timeout_s,
     ).dataset_id
 
 
-def register_dataset(service: Service, dataset: tf.data.Dataset, compression: Optional[str] = "AUTO",
-                     dataset_id: Optional[DatasetId] = None, *,
-                     dispatcher_timeout_ms: Optional[int] = None) -> tf.Tensor:
+def register_dataset(
+    service: Service,
+    dataset: tf.data.Dataset,
+    compression: Optional[str] = "AUTO",
+    dataset_id: Optional[DatasetId] = None,
+    *,
+    dispatcher_timeout_ms: Optional[int] = None,
+) -> tf.Tensor:
     """Registers `dataset` with the dispatcher and returns its id (a scalar string tensor).
 
     The same pipeline registered twice gets the same id; a requested
@@ -113,8 +133,18 @@ def register_dataset(service: Service, dataset: tf.data.Dataset, compression: Op
 class _ReadOptions:
     """The validated reading arguments shared by distribute() and from_dataset_id()."""
 
-    def __init__(self, processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
-                 data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms):
+    def __init__(
+        self,
+        processing_mode,
+        job_name,
+        consumer_index,
+        num_consumers,
+        max_outstanding_requests,
+        data_transfer_protocol,
+        cross_trainer_cache,
+        target_workers,
+        dispatcher_timeout_ms,
+    ):
         self.sharding_policy = modes.parse_processing_mode(processing_mode)
         if job_name is not None and (not isinstance(job_name, str) or not job_name):
             raise ValueError(f"job_name must be None or a non-empty string, got {job_name!r}")
@@ -128,7 +158,8 @@ class _ReadOptions:
             if not isinstance(consumer_index, int) or not 0 <= consumer_index < num_consumers:
                 raise ValueError(f"consumer_index must be in [0, {num_consumers}), got {consumer_index!r}")
         if max_outstanding_requests is not None and (
-                not isinstance(max_outstanding_requests, int) or max_outstanding_requests <= 0):
+            not isinstance(max_outstanding_requests, int) or max_outstanding_requests <= 0
+        ):
             raise ValueError(f"max_outstanding_requests must be a positive integer, got {max_outstanding_requests!r}")
         self.data_transfer_protocol = modes.parse_data_transfer_protocol(data_transfer_protocol)
         if cross_trainer_cache is not None:
@@ -145,7 +176,8 @@ class _ReadOptions:
         if self.num_consumers is not None and cardinality >= 0:
             raise ValueError(
                 f"coordinated reads (consumer_index, num_consumers) need an infinite dataset, but this one has "
-                f"{cardinality} elements: add .repeat() to the pipeline")
+                f"{cardinality} elements: add .repeat() to the pipeline"
+            )
 
     def element_budget(self, codec: ElementCodec) -> int:
         """Elements a client may hold buffered plus in flight: max_outstanding_requests, or
@@ -157,13 +189,15 @@ class _ReadOptions:
         return max(2, min(MAX_DEFAULT_BUDGET, DEFAULT_BUFFER_BYTES // codec.element_bytes))
 
 
-def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinality: int,
-                     options: _ReadOptions, compression: int) -> tf.data.Dataset:
+def _service_dataset(
+    address: str, dataset_id: str, element_spec: Any, cardinality: int, options: _ReadOptions, compression: int
+) -> tf.data.Dataset:
     graph_lib.check_element_spec(element_spec)
     options.check_cardinality(cardinality)
     codec = ElementCodec(element_spec)
-    job = JobSpec(dataset_id, int(options.sharding_policy), options.job_name, options.num_consumers,
-                  options.target_workers)
+    job = JobSpec(
+        dataset_id, int(options.sharding_policy), options.job_name, options.num_consumers, options.target_workers
+    )
     budget = options.element_budget(codec)
     # Small fixed-size elements reach tf.data as stacked chunks that tf.data unbatches: one
     # Python call per chunk, not per element. Large ones go one a call: unbatching would copy them once more.
@@ -184,12 +218,21 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
         if codec.element_bytes >= PER_ELEMENT_BYTES:
             allocator.keep_freed_memory_in_client()
         if options.num_consumers is not None:
-            reader = CoordinatedReader(address, job, next(repetitions), codec, options.consumer_index,
-                                       options.timeout_s, compression)
+            reader = CoordinatedReader(
+                address, job, next(repetitions), codec, options.consumer_index, options.timeout_s, compression
+            )
             chunks = iter(reader)
         else:
-            reader = IterationReader(address, job, next(repetitions), codec, budget, options.timeout_s, compression,
-                                     options.data_transfer_protocol)
+            reader = IterationReader(
+                address,
+                job,
+                next(repetitions),
+                codec,
+                budget,
+                options.timeout_s,
+                compression,
+                options.data_transfer_protocol,
+            )
             chunks = reader.chunks(merge_up_to)
         try:
             for chunk in chunks:
@@ -209,24 +252,36 @@ def _service_dataset(address: str, dataset_id: str, element_spec: Any, cardinali
     # to an eager tensor (which took 180-500 us an element; see _from_generator in TensorFlow).
     with deprecation.silence():
         dataset = tf.data.Dataset.from_generator(
-            generate, output_types=tf.nest.map_structure(lambda spec: spec.dtype, specs),
-            output_shapes=tf.nest.map_structure(lambda spec: spec.shape, specs))
+            generate,
+            output_types=tf.nest.map_structure(lambda spec: spec.dtype, specs),
+            output_shapes=tf.nest.map_structure(lambda spec: spec.shape, specs),
+        )
     if stacked:
         dataset = dataset.unbatch()
     if composite:
-        dataset = dataset.map(lambda *components: tf.nest.pack_sequence_as(
-            element_spec, list(components), expand_composites=True))
+        dataset = dataset.map(
+            lambda *components: tf.nest.pack_sequence_as(element_spec, list(components), expand_composites=True)
+        )
     if cardinality == tf.data.INFINITE_CARDINALITY:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     return dataset
 
 
-def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: Service, dataset_id: DatasetId,
-                    element_spec: Any = None, job_name: Optional[str] = None,
-                    consumer_index: Optional[int] = None, num_consumers: Optional[int] = None,
-                    max_outstanding_requests: Optional[int] = None, data_transfer_protocol: Optional[str] = None,
-                    cross_trainer_cache: Any = None, target_workers: str = "AUTO", *,
-                    dispatcher_timeout_ms: Optional[int] = None) -> tf.data.Dataset:
+def from_dataset_id(
+    processing_mode: Union[str, modes.ShardingPolicy],
+    service: Service,
+    dataset_id: DatasetId,
+    element_spec: Any = None,
+    job_name: Optional[str] = None,
+    consumer_index: Optional[int] = None,
+    num_consumers: Optional[int] = None,
+    max_outstanding_requests: Optional[int] = None,
+    data_transfer_protocol: Optional[str] = None,
+    cross_trainer_cache: Any = None,
+    target_workers: str = "AUTO",
+    *,
+    dispatcher_timeout_ms: Optional[int] = None,
+) -> tf.data.Dataset:
     """A dataset reading the registered dataset `dataset_id` from the service.
 
     Without `element_spec` the spec is fetched from the dispatcher (and an
@@ -234,14 +289,26 @@ def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: 
     """
     address = addresses.parse_service(service)
     dataset_id = _dataset_id_str(dataset_id)
-    options = _ReadOptions(processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
-                           data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
+    options = _ReadOptions(
+        processing_mode,
+        job_name,
+        consumer_index,
+        num_consumers,
+        max_outstanding_requests,
+        data_transfer_protocol,
+        cross_trainer_cache,
+        target_workers,
+        dispatcher_timeout_ms,
+    )
     cardinality = tf.data.UNKNOWN_CARDINALITY
     compression = common_pb2.COMPRESSION_AUTO
     if element_spec is None:
         metadata = _call_dispatcher(
-            address, "GetDataServiceMetadata", dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id),
-            f"fetching the element spec of dataset {dataset_id!r}", options.timeout_s,
+            address,
+            "GetDataServiceMetadata",
+            dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id),
+            f"fetching the element spec of dataset {dataset_id!r}",
+            options.timeout_s,
         ).metadata
         element_spec = graph_lib.decode_element_spec(metadata.element_spec)
         cardinality = metadata.cardinality
@@ -249,26 +316,51 @@ def from_dataset_id(processing_mode: Union[str, modes.ShardingPolicy], service: 
     return _service_dataset(address, dataset_id, element_spec, cardinality, options, compression)
 
 
-def distribute(processing_mode: Union[str, modes.ShardingPolicy], service: Service, job_name: Optional[str] = None,
-               consumer_index: Optional[int] = None, num_consumers: Optional[int] = None,
-               max_outstanding_requests: Optional[int] = None, data_transfer_protocol: Optional[str] = None,
-               compression: Optional[str] = "AUTO", cross_trainer_cache: Any = None, target_workers: str = "AUTO",
-               *, dispatcher_timeout_ms: Optional[int] = None) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
+def distribute(
+    processing_mode: Union[str, modes.ShardingPolicy],
+    service: Service,
+    job_name: Optional[str] = None,
+    consumer_index: Optional[int] = None,
+    num_consumers: Optional[int] = None,
+    max_outstanding_requests: Optional[int] = None,
+    data_transfer_protocol: Optional[str] = None,
+    compression: Optional[str] = "AUTO",
+    cross_trainer_cache: Any = None,
+    target_workers: str = "AUTO",
+    *,
+    dispatcher_timeout_ms: Optional[int] = None,
+) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
     """A transformation for Dataset.apply that moves the dataset's processing to the service.
 
     >>> ds = tf.data.Dataset.range(10).apply(distribute("parallel_epochs", "grpc://localhost:5050"))
     """
     address = addresses.parse_service(service)
     compression_enum = modes.parse_compression(compression)
-    options = _ReadOptions(processing_mode, job_name, consumer_index, num_consumers, max_outstanding_requests,
-                           data_transfer_protocol, cross_trainer_cache, target_workers, dispatcher_timeout_ms)
+    options = _ReadOptions(
+        processing_mode,
+        job_name,
+        consumer_index,
+        num_consumers,
+        max_outstanding_requests,
+        data_transfer_protocol,
+        cross_trainer_cache,
+        target_workers,
+        dispatcher_timeout_ms,
+    )
 
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
         options.check_cardinality(int(dataset.cardinality()))
-        dataset_id = _register(address, dataset, compression, "", options.timeout_s,
-                               splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC,
-                               prepare_workers=options.sharding_policy == modes.ShardingPolicy.OFF)
-        return _service_dataset(address, dataset_id, dataset.element_spec, int(dataset.cardinality()), options,
-                                compression_enum)
+        dataset_id = _register(
+            address,
+            dataset,
+            compression,
+            "",
+            options.timeout_s,
+            splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC,
+            prepare_workers=options.sharding_policy == modes.ShardingPolicy.OFF,
+        )
+        return _service_dataset(
+            address, dataset_id, dataset.element_spec, int(dataset.cardinality()), options, compression_enum
+        )
 
     return apply

@@ -29,8 +29,16 @@ from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 class CoordinatedReader:
     """An iterator over the elements (one-element chunks) of consumer `consumer_index`."""
 
-    def __init__(self, dispatcher_address: str, job: JobSpec, repetition: int, codec: ElementCodec,
-                 consumer_index: int, timeout_s: float, compression: int):
+    def __init__(
+        self,
+        dispatcher_address: str,
+        job: JobSpec,
+        repetition: int,
+        codec: ElementCodec,
+        consumer_index: int,
+        timeout_s: float,
+        compression: int,
+    ):
         self.codec = codec
         self._consumer_index = consumer_index
         self._timeout_s = timeout_s
@@ -42,9 +50,15 @@ class CoordinatedReader:
         self._error: Optional[BaseException] = None
         self._changed = threading.Condition()
         self._stubs: Dict[str, grpc_service.WorkerDataStub] = {}
-        self.session = IterationSession(dispatcher_address, job, repetition, timeout_s,
-                                        on_heartbeat=self._on_heartbeat, on_error=self._fail,
-                                        current_round=lambda: self._round)
+        self.session = IterationSession(
+            dispatcher_address,
+            job,
+            repetition,
+            timeout_s,
+            on_heartbeat=self._on_heartbeat,
+            on_error=self._fail,
+            current_round=lambda: self._round,
+        )
         self.client_id = self.session.client_id
         self.session.start()
 
@@ -84,28 +98,39 @@ class CoordinatedReader:
             while True:
                 if self._error is not None:
                     raise self._error
-                serving = sorted((t for t in self._tasks.values() if t.starting_round <= round_index),
-                                 key=lambda t: t.task_id)
+                serving = sorted(
+                    (t for t in self._tasks.values() if t.starting_round <= round_index), key=lambda t: t.task_id
+                )
                 if self._iteration_finished and all(t.finished for t in serving):
                     return None
                 if serving and round_index < self._round_limit:
                     return serving[round_index % len(serving)]
                 if round_index >= self._round_limit and time.monotonic() > deadline:
-                    raise tf.errors.DeadlineExceededError(None, None, (
-                        f"consumer {self._consumer_index}: the dispatcher granted no round beyond "
-                        f"{self._round_limit - 1} for {self._timeout_s:.0f} s"))
+                    raise tf.errors.DeadlineExceededError(
+                        None,
+                        None,
+                        (
+                            f"consumer {self._consumer_index}: the dispatcher granted no round beyond "
+                            f"{self._round_limit - 1} for {self._timeout_s:.0f} s"
+                        ),
+                    )
                 self.session.wake()
                 self._changed.wait(0.2)
                 if self.session.stopped.is_set():
                     return None
 
-    def _read(self, task: common_pb2.TaskInfo, round_index: int
-              ) -> Optional[Tuple[worker_pb2.GetElementResponse, wire.FrameBuffers]]:
+    def _read(
+        self, task: common_pb2.TaskInfo, round_index: int
+    ) -> Optional[Tuple[worker_pb2.GetElementResponse, wire.FrameBuffers]]:
         """The consumer's element of the round (the frame's header and buffers); None when the
         task's worker is lost."""
         request = worker_pb2.GetElementRequest(
-            task_id=task.task_id, iteration_client_id=self.client_id, consumer_index=self._consumer_index,
-            round=round_index, compression=self._compression)
+            task_id=task.task_id,
+            iteration_client_id=self.client_id,
+            consumer_index=self._consumer_index,
+            round=round_index,
+            compression=self._compression,
+        )
         stub = self._stub(task.worker_address)
         backoff = retrying.Backoff(self._timeout_s)
         while not self.session.stopped.is_set():
@@ -115,13 +140,15 @@ class CoordinatedReader:
                 data = stub.GetElement(request, timeout=30)
             except grpc.RpcError as e:
                 if e.code() not in errors.RETRYABLE_CODES and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise errors.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
-                                             f"worker {task.worker_address}") from None
+                    raise errors.to_tf_error(
+                        e, f"reading round {round_index} of task {task.task_id} from worker {task.worker_address}"
+                    ) from None
                 if not backoff.sleep():
                     if self._task_lost(task.task_id):
                         return None
-                    raise errors.to_tf_error(e, f"reading round {round_index} of task {task.task_id} from "
-                                             f"worker {task.worker_address}") from None
+                    raise errors.to_tf_error(
+                        e, f"reading round {round_index} of task {task.task_id} from worker {task.worker_address}"
+                    ) from None
                 self.session.wake()
                 continue
             response, buffers = wire.unframe(data, worker_pb2.GetElementResponse)

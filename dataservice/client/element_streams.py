@@ -68,8 +68,7 @@ class TcpElementStream:
             self._sock = tcp.connect(address, CONNECT_TIMEOUT_S)
         except OSError as e:
             raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {e}") from None
-        self._sender = threading.Thread(target=self._send, args=(requests,), name=f"credits-to-{address}",
-                                        daemon=True)
+        self._sender = threading.Thread(target=self._send, args=(requests,), name=f"credits-to-{address}", daemon=True)
         self._sender.start()
 
     def _send(self, requests: Requests) -> None:
@@ -84,8 +83,9 @@ class TcpElementStream:
             try:
                 response, buffers = tcp.recv_response(self._sock)
             except OSError as e:
-                raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE,
-                                      f"the data connection to {self._address} broke: {e}") from None
+                raise errors.RemoteError(
+                    grpc.StatusCode.UNAVAILABLE, f"the data connection to {self._address} broke: {e}"
+                ) from None
             if response.error_code:
                 raise errors.RemoteError(errors.status_code(response.error_code), response.error_message)
             yield response, buffers

@@ -40,8 +40,17 @@ _WAKE = None
 class IterationReader:
     """An iterator over decoded chunks (tuples of component arrays) of one iteration."""
 
-    def __init__(self, dispatcher_address: str, job: JobSpec, repetition: int, codec: ElementCodec,
-                 max_outstanding: int, timeout_s: float, compression: int, protocol: Optional[str] = None):
+    def __init__(
+        self,
+        dispatcher_address: str,
+        job: JobSpec,
+        repetition: int,
+        codec: ElementCodec,
+        max_outstanding: int,
+        timeout_s: float,
+        compression: int,
+        protocol: Optional[str] = None,
+    ):
         self.codec = codec
         self.protocol = protocol
         self.timeout_s = timeout_s
@@ -55,8 +64,9 @@ class IterationReader:
         # Tasks the dispatcher reports finished: their data ran out, or their worker was lost.
         self._finished_tasks: set = set()
         self._error: Optional[BaseException] = None
-        self.session = IterationSession(dispatcher_address, job, repetition, timeout_s,
-                                        on_heartbeat=self._on_heartbeat, on_error=self.fail)
+        self.session = IterationSession(
+            dispatcher_address, job, repetition, timeout_s, on_heartbeat=self._on_heartbeat, on_error=self.fail
+        )
         self.client_id = self.session.client_id
         self.session.start()
 
@@ -145,7 +155,8 @@ class IterationReader:
         so that credit messages stay few."""
         with self._credits_changed:
             self._credits_changed.wait_for(
-                lambda: self.stopped.is_set() or stream.done or self._grantable(stream) > 0, timeout_s)
+                lambda: self.stopped.is_set() or stream.done or self._grantable(stream) > 0, timeout_s
+            )
             if self.stopped.is_set() or stream.done:
                 return 0
             count = self._grantable(stream)
@@ -224,8 +235,11 @@ class _TaskStream:
         # Credits granted on an earlier connection and not used are granted again.
         unused = self.granted - self.received
         yield worker_pb2.StreamElementsRequest(
-            task_id=self._task.task_id, iteration_client_id=reader.client_id, compression=reader.compression,
-            credits=unused + reader.grant(self, 0))
+            task_id=self._task.task_id,
+            iteration_client_id=reader.client_id,
+            compression=reader.compression,
+            credits=unused + reader.grant(self, 0),
+        )
         while not reader.stopped.is_set() and not self.done and not ended.is_set():
             count = reader.grant(self, 0.5)
             if count:
@@ -252,8 +266,11 @@ class _TaskStream:
                         reader.stream_ended(self)
                         return
                 error: BaseException = tf.errors.UnavailableError(
-                    None, None, f"the stream of task {self._task.task_id} from worker "
-                                f"{self._task.worker_address} ended without an end of sequence")
+                    None,
+                    None,
+                    f"the stream of task {self._task.task_id} from worker "
+                    f"{self._task.worker_address} ended without an end of sequence",
+                )
                 retry = True
             except grpc.RpcError as e:
                 if reader.stopped.is_set():
@@ -267,8 +284,11 @@ class _TaskStream:
                     stream.close()
             if retry and reader.task_finished(self._task.task_id):
                 # The dispatcher gave up on this worker: read on from the others.
-                log.warning("task %d: worker %s is gone; reading on from the other workers",
-                            self._task.task_id, self._task.worker_address)
+                log.warning(
+                    "task %d: worker %s is gone; reading on from the other workers",
+                    self._task.task_id,
+                    self._task.worker_address,
+                )
                 reader.stream_ended(self)
                 return
             if not retry or not backoff.sleep():

@@ -31,8 +31,14 @@ _NO_WORKERS_WARNING_S = 10.0
 class JobSpec:
     """What a client asks the dispatcher for: which job, and how it is read."""
 
-    def __init__(self, dataset_id: str, sharding_policy: int, job_name: Optional[str],
-                 num_consumers: Optional[int], target_workers: int):
+    def __init__(
+        self,
+        dataset_id: str,
+        sharding_policy: int,
+        job_name: Optional[str],
+        num_consumers: Optional[int],
+        target_workers: int,
+    ):
         self.dataset_id = dataset_id
         self.sharding_policy = sharding_policy
         self.job_name = job_name or ""
@@ -59,10 +65,16 @@ def is_local_worker(address: str) -> bool:
 
 
 class IterationSession:
-    def __init__(self, dispatcher_address: str, job: JobSpec, repetition: int, timeout_s: float,
-                 on_heartbeat: Callable[[dispatcher_pb2.ClientHeartbeatResponse], None],
-                 on_error: Callable[[BaseException], None],
-                 current_round: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        dispatcher_address: str,
+        job: JobSpec,
+        repetition: int,
+        timeout_s: float,
+        on_heartbeat: Callable[[dispatcher_pb2.ClientHeartbeatResponse], None],
+        on_error: Callable[[BaseException], None],
+        current_round: Callable[[], int] = lambda: 0,
+    ):
         self._address = dispatcher_address
         self.timeout_s = timeout_s
         self.local_only = job.target_workers == common_pb2.TARGET_WORKERS_LOCAL
@@ -73,13 +85,22 @@ class IterationSession:
         self._stop = threading.Event()
         self._wake = threading.Event()
         try:
-            job_response = self._call(self._stub.GetOrCreateJob, dispatcher_pb2.GetOrCreateJobRequest(
-                dataset_id=job.dataset_id,
-                processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
-                job_name=job.job_name, num_consumers=job.num_consumers, target_workers=job.target_workers,
-            ), "creating a job")
-            iteration = self._call(self._stub.GetOrCreateIteration, dispatcher_pb2.GetOrCreateIterationRequest(
-                job_id=job_response.job_id, repetition=repetition), "creating an iteration")
+            job_response = self._call(
+                self._stub.GetOrCreateJob,
+                dispatcher_pb2.GetOrCreateJobRequest(
+                    dataset_id=job.dataset_id,
+                    processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
+                    job_name=job.job_name,
+                    num_consumers=job.num_consumers,
+                    target_workers=job.target_workers,
+                ),
+                "creating a job",
+            )
+            iteration = self._call(
+                self._stub.GetOrCreateIteration,
+                dispatcher_pb2.GetOrCreateIterationRequest(job_id=job_response.job_id, repetition=repetition),
+                "creating an iteration",
+            )
         except BaseException:
             shared_channels.release(dispatcher_address)
             raise
@@ -98,8 +119,9 @@ class IterationSession:
         self._thread.start()
 
     def _call(self, method, request, what: str):
-        return retrying.call(method, request, server=f"dispatcher at {self._address}", what=what,
-                             timeout_s=self.timeout_s)
+        return retrying.call(
+            method, request, server=f"dispatcher at {self._address}", what=what, timeout_s=self.timeout_s
+        )
 
     def wake(self) -> None:
         """Heartbeats now rather than at the next interval."""
@@ -122,21 +144,33 @@ class IterationSession:
                 return
 
     def _heartbeat(self) -> None:
-        response = self._call(self._stub.ClientHeartbeat, dispatcher_pb2.ClientHeartbeatRequest(
-            iteration_client_id=self.client_id, current_round=self._current_round()), "client heartbeat")
+        response = self._call(
+            self._stub.ClientHeartbeat,
+            dispatcher_pb2.ClientHeartbeatRequest(
+                iteration_client_id=self.client_id, current_round=self._current_round()
+            ),
+            "client heartbeat",
+        )
         if self.local_only:
             local = [t for t in response.tasks if is_local_worker(t.worker_address)]
             if response.tasks and not local:
-                raise tf.errors.FailedPreconditionError(None, None, (
-                    "target_workers='LOCAL', but none of the iteration's workers runs on this host "
-                    f"({', '.join(sorted(t.worker_address for t in response.tasks))}): start a worker here, "
-                    "or read with target_workers='ANY'"))
+                raise tf.errors.FailedPreconditionError(
+                    None,
+                    None,
+                    (
+                        "target_workers='LOCAL', but none of the iteration's workers runs on this host "
+                        f"({', '.join(sorted(t.worker_address for t in response.tasks))}): start a worker here, "
+                        "or read with target_workers='ANY'"
+                    ),
+                )
             del response.tasks[:]
             response.tasks.extend(local)
         self._on_heartbeat(response)
         if not response.tasks and time.monotonic() - self._waiting_since > _NO_WORKERS_WARNING_S:
-            log.warning("no worker has a task for this iteration yet: are workers registered with the "
-                        "dispatcher at %s?", self._address)
+            log.warning(
+                "no worker has a task for this iteration yet: are workers registered with the dispatcher at %s?",
+                self._address,
+            )
             self._waiting_since = time.monotonic()
 
     def close(self) -> None:
@@ -147,7 +181,8 @@ class IterationSession:
         self._wake.set()
         try:
             self._stub.ReleaseIterationClient(
-                dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=self.client_id), timeout=2)
+                dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=self.client_id), timeout=2
+            )
         except grpc.RpcError as e:
             log.debug("releasing iteration client %d failed: %s", self.client_id, e.code().name)
         if self._thread is not None:

@@ -76,12 +76,13 @@ def main(argv=None) -> int:
     print(f"wrote the digits as TFRecord shards under {data_dir}", flush=True)
     print(f"starting a dispatcher and {args.workers} worker processes ...", flush=True)
     started = time.monotonic()
-    history: Dict[str, List[float]] = {k: [] for k in ("train_loss", "train_accuracy", "test_loss",
-                                                       "test_accuracy")}
+    history: Dict[str, List[float]] = {k: [] for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy")}
     with LocalCluster(num_workers=args.workers) as cluster:
-        print(f"cluster up in {time.monotonic() - started:.1f} s: dispatcher at {cluster.target} "
-              f"(work_dir {cluster.work_dir}), workers at {', '.join(w.address for w in cluster.workers)}",
-              flush=True)
+        print(
+            f"cluster up in {time.monotonic() - started:.1f} s: dispatcher at {cluster.target} "
+            f"(work_dir {cluster.work_dir}), workers at {', '.join(w.address for w in cluster.workers)}",
+            flush=True,
+        )
         to_service = dataservice.distribute("distributed_epoch", cluster.target)
         train = sample_data.digits_dataset(train_files, args.batch, shuffle_buffer=512).apply(to_service)
         test = sample_data.digits_dataset(test_files, args.batch).apply(to_service)
@@ -106,10 +107,13 @@ def main(argv=None) -> int:
             history["train_accuracy"].append(sum(accuracies) / len(accuracies))
             history["test_loss"].append(sum(float(loss) for loss, _ in test_results) / len(test_results))
             history["test_accuracy"].append(sum(float(a) for _, a in test_results) / len(test_results))
-            print(f"epoch {epoch}: train loss {history['train_loss'][-1]:.3f} accuracy "
-                  f"{history['train_accuracy'][-1]:.3f} | test loss {history['test_loss'][-1]:.3f} accuracy "
-                  f"{history['test_accuracy'][-1]:.3f} | {examples} examples in {seconds:.2f} s "
-                  f"({examples / seconds:.0f} examples/s)", flush=True)
+            print(
+                f"epoch {epoch}: train loss {history['train_loss'][-1]:.3f} accuracy "
+                f"{history['train_accuracy'][-1]:.3f} | test loss {history['test_loss'][-1]:.3f} accuracy "
+                f"{history['test_accuracy'][-1]:.3f} | {examples} examples in {seconds:.2f} s "
+                f"({examples / seconds:.0f} examples/s)",
+                flush=True,
+            )
     print("cluster stopped", flush=True)
     os.makedirs(args.output_dir, exist_ok=True)
     paths = _plot(history, args.output_dir)

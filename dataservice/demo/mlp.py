@@ -27,21 +27,36 @@ def virtual_cpu_mesh(num_devices: int, dim: str = "batch") -> dtensor.Mesh:
             pass  # devices already initialized: use what exists, or fail below
     available = len(tf.config.list_logical_devices("CPU"))
     if available < num_devices:
-        raise RuntimeError(f"a mesh of {num_devices} CPUs needs that many logical CPU devices, but TensorFlow "
-                           f"already started with {available}: build the mesh before running any TensorFlow op")
+        raise RuntimeError(
+            f"a mesh of {num_devices} CPUs needs that many logical CPU devices, but TensorFlow "
+            f"already started with {available}: build the mesh before running any TensorFlow op"
+        )
     devices = [f"CPU:{i}" for i in range(num_devices)]
     return dtensor.create_mesh([(dim, num_devices)], devices=devices)
 
 
 class DenseLayer(tf.Module):
-    def __init__(self, in_dim: int, out_dim: int, weight_layout: dtensor.Layout, activation=tf.identity,
-                 seed: Tuple[int, int] = (22, 23)):
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        weight_layout: dtensor.Layout,
+        activation=tf.identity,
+        seed: Tuple[int, int] = (22, 23),
+    ):
         super().__init__()
         self.activation = activation
         limit = tf.sqrt(6.0) / tf.sqrt(tf.cast(in_dim + out_dim, tf.float32))  # Xavier
-        self.w = dtensor.DVariable(dtensor.call_with_layout(
-            tf.function(tf.random.stateless_uniform), weight_layout, shape=(in_dim, out_dim), seed=seed,
-            minval=-limit, maxval=limit))
+        self.w = dtensor.DVariable(
+            dtensor.call_with_layout(
+                tf.function(tf.random.stateless_uniform),
+                weight_layout,
+                shape=(in_dim, out_dim),
+                seed=seed,
+                minval=-limit,
+                maxval=limit,
+            )
+        )
         self.b = dtensor.DVariable(dtensor.call_with_layout(tf.zeros, weight_layout.delete([0]), shape=[out_dim]))
 
     def __call__(self, x):
@@ -54,7 +69,8 @@ class MLP(tf.Module):
         layout = dtensor.Layout([dtensor.UNSHARDED, dtensor.UNSHARDED], mesh)
         self.layers: List[DenseLayer] = [
             DenseLayer(a, b, layout, activation=tf.nn.relu if i < len(sizes) - 2 else tf.identity, seed=(22, 23 + i))
-            for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))]
+            for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
+        ]
 
     def __call__(self, x):
         for layer in self.layers:
@@ -63,24 +79,27 @@ class MLP(tf.Module):
 
 
 class Adam(tf.Module):
-    def __init__(self, model_vars, learning_rate: float = 1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
-                 ep: float = 1e-7):
+    def __init__(
+        self, model_vars, learning_rate: float = 1e-3, beta_1: float = 0.9, beta_2: float = 0.999, ep: float = 1e-7
+    ):
         super().__init__()
         self.model_vars = model_vars
         self.beta_1, self.beta_2, self.learning_rate, self.ep = beta_1, beta_2, learning_rate, ep
         mesh = model_vars[0].layout.mesh
         self.t = dtensor.DVariable(dtensor.call_with_layout(tf.ones, dtensor.Layout([], mesh), shape=[]))
-        self.v_dvar = [dtensor.DVariable(dtensor.call_with_layout(tf.zeros, v.layout, shape=v.shape))
-                       for v in model_vars]
-        self.s_dvar = [dtensor.DVariable(dtensor.call_with_layout(tf.zeros, v.layout, shape=v.shape))
-                       for v in model_vars]
+        self.v_dvar = [
+            dtensor.DVariable(dtensor.call_with_layout(tf.zeros, v.layout, shape=v.shape)) for v in model_vars
+        ]
+        self.s_dvar = [
+            dtensor.DVariable(dtensor.call_with_layout(tf.zeros, v.layout, shape=v.shape)) for v in model_vars
+        ]
 
     def apply_gradients(self, grads) -> None:
         for d_var, var, v, s in zip(grads, self.model_vars, self.v_dvar, self.s_dvar):
             v.assign(self.beta_1 * v + (1 - self.beta_1) * d_var)
             s.assign(self.beta_2 * s + (1 - self.beta_2) * tf.square(d_var))
-            v_bc = v / (1 - self.beta_1 ** self.t)
-            s_bc = s / (1 - self.beta_2 ** self.t)
+            v_bc = v / (1 - self.beta_1**self.t)
+            s_bc = s / (1 - self.beta_2**self.t)
             var.assign_sub(self.learning_rate * (v_bc / (tf.sqrt(s_bc) + self.ep)))
         self.t.assign_add(1.0)
 

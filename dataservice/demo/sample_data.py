@@ -23,8 +23,7 @@ _FEATURES = {
 }
 
 
-def write_digits(directory: str, num_shards: int = 8, test_fraction: float = 0.2,
-                 seed: int = 0) -> Tuple[str, str]:
+def write_digits(directory: str, num_shards: int = 8, test_fraction: float = 0.2, seed: int = 0) -> Tuple[str, str]:
     """Writes the digits as `num_shards` train and `num_shards` test TFRecord files;
     returns the (train, test) file patterns. Pixels are scaled to [0, 1]."""
     from sklearn.datasets import load_digits  # the data sits in scikit-learn's wheel
@@ -43,16 +42,21 @@ def write_digits(directory: str, num_shards: int = 8, test_fraction: float = 0.2
             path = os.path.join(directory, f"digits-{split}-{shard:05d}-of-{num_shards:05d}.tfrecord")
             with tf.io.TFRecordWriter(path) as writer:
                 for x, y in zip(split_pixels[shard::num_shards], split_labels[shard::num_shards]):
-                    example = tf.train.Example(features=tf.train.Features(feature={
-                        "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
-                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[y])),
-                    }))
+                    example = tf.train.Example(
+                        features=tf.train.Features(
+                            feature={
+                                "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+                                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[y])),
+                            }
+                        )
+                    )
                     writer.write(example.SerializeToString())
     return (os.path.join(directory, "digits-train-*.tfrecord"), os.path.join(directory, "digits-test-*.tfrecord"))
 
 
-def digits_dataset(pattern: str, batch_size: int, shuffle_buffer: int = 0, drop_remainder: bool = True,
-                   seed: int = 0) -> tf.data.Dataset:
+def digits_dataset(
+    pattern: str, batch_size: int, shuffle_buffer: int = 0, drop_remainder: bool = True, seed: int = 0
+) -> tf.data.Dataset:
     """Batches of (pixels [batch, 64] float32, label [batch] int64) from the shards of `pattern`."""
     files = tf.data.Dataset.list_files(pattern, shuffle=False)
     records = files.interleave(tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)

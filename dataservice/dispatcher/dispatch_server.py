@@ -33,8 +33,9 @@ class DispatchServer:
         state, self._journal = self._recover()
         self._server = servers.new_server(max_workers=32)
         self._port = servers.bind(self._server, self._config.port)
-        self._service = DispatcherService(self._config, address=lambda: self._address, journal=self._journal,
-                                          state=state)
+        self._service = DispatcherService(
+            self._config, address=lambda: self._address, journal=self._journal, state=state
+        )
         dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._service, self._server)
         self._started = False
         self._stopped = threading.Event()

@@ -53,18 +53,24 @@ def _records(path: pathlib.Path) -> Iterator[journal_pb2.Update]:
     offset = 0
     while offset < len(data):
         if len(data) - offset < _HEADER.size:
-            log.warning("journal %s: dropping a torn record at offset %d (%d bytes of header)",
-                        path, offset, len(data) - offset)
+            log.warning(
+                "journal %s: dropping a torn record at offset %d (%d bytes of header)", path, offset, len(data) - offset
+            )
             return
         length, crc = _HEADER.unpack_from(data, offset)
         end = offset + _HEADER.size + length
         if length > _MAX_RECORD_BYTES:
             raise JournalCorruptError(f"journal {path} is corrupt at offset {offset}: a record of {length} bytes")
         if end > len(data):
-            log.warning("journal %s: dropping a torn record at offset %d (%d of %d bytes written)",
-                        path, offset, len(data) - offset - _HEADER.size, length)
+            log.warning(
+                "journal %s: dropping a torn record at offset %d (%d of %d bytes written)",
+                path,
+                offset,
+                len(data) - offset - _HEADER.size,
+                length,
+            )
             return
-        payload = data[offset + _HEADER.size:end]
+        payload = data[offset + _HEADER.size : end]
         if google_crc32c.value(payload) != crc:
             if end == len(data):
                 log.warning("journal %s: dropping a torn last record at offset %d (checksum mismatch)", path, offset)
@@ -72,7 +78,8 @@ def _records(path: pathlib.Path) -> Iterator[journal_pb2.Update]:
             raise JournalCorruptError(
                 f"journal {path} is corrupt at offset {offset}: checksum mismatch in a record followed by "
                 f"{len(data) - end} more bytes; refusing to start rather than lose state "
-                "(move the file away to start from an earlier state)")
+                "(move the file away to start from an earlier state)"
+            )
         try:
             yield journal_pb2.Update.FromString(payload)
         except Exception as e:  # noqa: BLE001 - a valid checksum over an unparsable update

@@ -44,9 +44,14 @@ _TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
 
 
 class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
-    def __init__(self, config: DispatcherConfig, address: Callable[[], str],
-                 journal: Optional[JournalWriter] = None, state: Optional[DispatcherState] = None,
-                 snapshot_every: int = DEFAULT_SNAPSHOT_EVERY):
+    def __init__(
+        self,
+        config: DispatcherConfig,
+        address: Callable[[], str],
+        journal: Optional[JournalWriter] = None,
+        state: Optional[DispatcherState] = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    ):
         self._config = config
         self._address = address
         self._journal = journal
@@ -106,7 +111,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         except (tf.errors.OpError, ValueError, TypeError) as e:
             message = getattr(e, "message", str(e))
             raise errors.invalid_argument(
-                f"cannot register the dataset: its graph does not import ({message})") from None
+                f"cannot register the dataset: its graph does not import ({message})"
+            ) from None
         fingerprint = graph_lib.fingerprint(graph)
         requested = request.requested_dataset_id
         with self._lock:
@@ -123,18 +129,27 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     dataset_id = self._register(requested, fingerprint, request)
             else:
                 dataset_id = self._state.dataset_by_fingerprint.get(fingerprint) or self._register(
-                    self._state.next_dataset_id(), fingerprint, request)
+                    self._state.next_dataset_id(), fingerprint, request
+                )
             workers = self._state.alive_workers() if request.prepare_workers else []
         for worker_address in workers:
-            self._push(worker_address, "PrepareDataset", worker_pb2.PrepareDatasetRequest(dataset_id=dataset_id),
-                       f"dataset {dataset_id}", "its first task will build it")
+            self._push(
+                worker_address,
+                "PrepareDataset",
+                worker_pb2.PrepareDatasetRequest(dataset_id=dataset_id),
+                f"dataset {dataset_id}",
+                "its first task will build it",
+            )
         return dispatcher_pb2.RegisterDatasetResponse(dataset_id=dataset_id)
 
     def _register(self, dataset_id: str, fingerprint: str, request) -> str:
         """Stores and journals a new dataset. Call with self._lock held."""
         self._datasets.put(dataset_id, request.graph_def)
-        self._commit(register_dataset=journal_pb2.RegisterDatasetUpdate(
-            dataset_id=dataset_id, fingerprint=fingerprint, metadata=request.metadata))
+        self._commit(
+            register_dataset=journal_pb2.RegisterDatasetUpdate(
+                dataset_id=dataset_id, fingerprint=fingerprint, metadata=request.metadata
+            )
+        )
         log.info("registered dataset %s", dataset_id)
         return dataset_id
 
@@ -167,7 +182,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         graph_def = self._datasets.get(request.dataset_id)
         if graph_def is None:
             raise errors.failed_precondition(
-                f"the graph of dataset {request.dataset_id!r} is missing from the work_dir")
+                f"the graph of dataset {request.dataset_id!r} is missing from the work_dir"
+            )
         return dispatcher_pb2.GetDatasetDefResponse(graph_def=graph_def, metadata=metadata)
 
     # ---- jobs and iterations ---------------------------------------------
@@ -187,7 +203,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 raise errors.failed_precondition(
                     f"coordinated reads (num_consumers) need an infinite dataset, but dataset {request.dataset_id!r} "
                     f"has cardinality {dataset.metadata.cardinality}: add .repeat() to the pipeline, so that no "
-                    "consumer runs out of rounds before the others")
+                    "consumer runs out of rounds before the others"
+                )
             existing = self._named_job(request)
         if existing is not None:
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
@@ -197,10 +214,17 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             if existing is not None:
                 return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
             job_id = self._state.next_id("job")
-            self._commit(create_job=journal_pb2.CreateJobUpdate(
-                job_id=job_id, dataset_id=request.dataset_id, processing_mode=request.processing_mode,
-                job_name=request.job_name, num_consumers=request.num_consumers,
-                target_workers=request.target_workers, split_group_sizes=split_group_sizes))
+            self._commit(
+                create_job=journal_pb2.CreateJobUpdate(
+                    job_id=job_id,
+                    dataset_id=request.dataset_id,
+                    processing_mode=request.processing_mode,
+                    job_name=request.job_name,
+                    num_consumers=request.num_consumers,
+                    target_workers=request.target_workers,
+                    split_group_sizes=split_group_sizes,
+                )
+            )
         return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
 
     def _check_policy(self, policy: int, dataset_id: str, metadata) -> List[int]:
@@ -219,17 +243,23 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         if not self._config.worker_addresses:
             raise errors.failed_precondition(
                 f"sharding policy {_POLICY_NAMES[policy]} needs a dispatcher configured with worker_addresses "
-                "(the fixed list of workers whose index picks each worker's shard)")
+                "(the fixed list of workers whose index picks each worker's shard)"
+            )
         try:
-            sharding.shard(graph_lib.dataset_from_graph(graph_bytes, graph_lib.decode_element_spec(
-                metadata.element_spec)), policy, len(self._config.worker_addresses), 0)
+            sharding.shard(
+                graph_lib.dataset_from_graph(graph_bytes, graph_lib.decode_element_spec(metadata.element_spec)),
+                policy,
+                len(self._config.worker_addresses),
+                0,
+            )
         except tf.errors.OpError as e:
             # TensorFlow's message ends with a dump of the whole source node: keep its first line.
             reason = re.sub(r"\{\{.*?\}\}\s*", "", e.message).split("\n")[0].strip()
             raise errors.invalid_argument(
                 f"cannot shard dataset {dataset_id!r} with policy {_POLICY_NAMES[policy]}: {reason} "
                 "(FILE sharding needs a file-based source such as list_files or TFRecordDataset of a file list; "
-                "DATA or FILE_OR_DATA shard any dataset)") from None
+                "DATA or FILE_OR_DATA shard any dataset)"
+            ) from None
         return []
 
     def _named_job(self, request) -> Optional[int]:
@@ -248,15 +278,18 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         if job.sharding_policy != request.processing_mode.sharding_policy:
             mismatches.append(
                 f"processing mode {_POLICY_NAMES[job.sharding_policy]} vs "
-                f"{_POLICY_NAMES[request.processing_mode.sharding_policy]}")
+                f"{_POLICY_NAMES[request.processing_mode.sharding_policy]}"
+            )
         if job.num_consumers != request.num_consumers:
             mismatches.append(f"num_consumers {job.num_consumers} vs {request.num_consumers}")
         if job.target_workers != request.target_workers:
             mismatches.append(
-                f"target_workers {_TARGET_NAMES[job.target_workers]} vs {_TARGET_NAMES[request.target_workers]}")
+                f"target_workers {_TARGET_NAMES[job.target_workers]} vs {_TARGET_NAMES[request.target_workers]}"
+            )
         if mismatches:
             raise errors.invalid_argument(
-                f"job {job.job_name!r} already exists with different arguments: " + "; ".join(mismatches))
+                f"job {job.job_name!r} already exists with different arguments: " + "; ".join(mismatches)
+            )
 
     @errors.handler
     def GetOrCreateIteration(self, request, context):
@@ -266,24 +299,36 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             if job is None:
                 raise errors.not_found(
                     f"job {request.job_id} is not known to {self._where()} "
-                    "(did the dispatcher restart without fault_tolerant_mode?)")
+                    "(did the dispatcher restart without fault_tolerant_mode?)"
+                )
             if request.repetition < 0:
                 raise errors.invalid_argument(f"repetition must be >= 0, got {request.repetition}")
             iteration_id = job.iterations.get(request.repetition)
             if iteration_id is None:
                 iteration_id = self._state.next_id("iteration")
-                self._commit(create_iteration=journal_pb2.CreateIterationUpdate(
-                    iteration_id=iteration_id, job_id=job.job_id, repetition=request.repetition))
+                self._commit(
+                    create_iteration=journal_pb2.CreateIterationUpdate(
+                        iteration_id=iteration_id, job_id=job.job_id, repetition=request.repetition
+                    )
+                )
                 for worker_address in self._state.alive_workers():
                     new_tasks.append(self._create_task(self._state.iterations[iteration_id], worker_address))
             client_id = self._state.next_id("client")
-            self._commit(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
-                iteration_client_id=client_id, iteration_id=iteration_id))
+            self._commit(
+                acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                    iteration_client_id=client_id, iteration_id=iteration_id
+                )
+            )
             self._client_seen[client_id] = time.monotonic()
             self._idle_since.pop(iteration_id, None)
         for task in new_tasks:
-            self._push(task.worker_address, "ProcessTask", worker_pb2.ProcessTaskRequest(task=task),
-                       f"task {task.task_id}", "its heartbeat will deliver it")
+            self._push(
+                task.worker_address,
+                "ProcessTask",
+                worker_pb2.ProcessTaskRequest(task=task),
+                f"task {task.task_id}",
+                "its heartbeat will deliver it",
+            )
         return dispatcher_pb2.GetOrCreateIterationResponse(iteration_client_id=client_id, iteration_id=iteration_id)
 
     def _create_task(self, iteration: Iteration, worker_address: str) -> common_pb2.TaskDef:
@@ -291,9 +336,14 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         # Coordinated reads: no client may have read this round yet, so every
         # client adds the task to its rotation at the same round.
         coordinated = self._state.jobs[iteration.job_id].num_consumers > 0
-        self._commit(create_task=journal_pb2.CreateTaskUpdate(
-            task_id=task_id, iteration_id=iteration.iteration_id, worker_address=worker_address,
-            starting_round=iteration.round_limit if coordinated else 0))
+        self._commit(
+            create_task=journal_pb2.CreateTaskUpdate(
+                task_id=task_id,
+                iteration_id=iteration.iteration_id,
+                worker_address=worker_address,
+                starting_round=iteration.round_limit if coordinated else 0,
+            )
+        )
         return self._task_def(self._state.tasks[task_id])
 
     def _task_def(self, task) -> common_pb2.TaskDef:
@@ -302,11 +352,13 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
     def _push(self, worker_address: str, method: str, request, what: str, fallback: str) -> None:
         """Calls a worker's `method` in the background: a new task or dataset reaches it now
         rather than at its next heartbeat. Best effort: `fallback` says what happens otherwise."""
+
         def push() -> None:
             try:
                 getattr(self._worker_stub(worker_address), method)(request, timeout=5)
             except grpc.RpcError as e:
                 log.info("could not push %s to %s (%s); %s", what, worker_address, e.code().name, fallback)
+
         try:
             self._push_pool.submit(push)
         except RuntimeError:  # the dispatcher is stopping
@@ -327,7 +379,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         if iteration is None:
             raise errors.not_found(
                 f"iteration client {client_id} is not known to {self._where()}: it was released, timed out, "
-                "or the dispatcher restarted without fault_tolerant_mode")
+                "or the dispatcher restarted without fault_tolerant_mode"
+            )
         return iteration
 
     @errors.handler
@@ -338,12 +391,17 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             self._client_seen[request.iteration_client_id] = now
             if self._state.jobs[iteration.job_id].num_consumers:
                 self._extend_rounds(iteration, request.current_round, now)
-            response = dispatcher_pb2.ClientHeartbeatResponse(iteration_finished=iteration.finished,
-                                                              round_limit=iteration.round_limit)
+            response = dispatcher_pb2.ClientHeartbeatResponse(
+                iteration_finished=iteration.finished, round_limit=iteration.round_limit
+            )
             for task, worker in self._state.task_infos(iteration):
-                response.tasks.add(task_id=task.task_id, worker_address=worker.address,
-                                   transfer_address=worker.transfer_address, finished=task.finished,
-                                   starting_round=task.starting_round)
+                response.tasks.add(
+                    task_id=task.task_id,
+                    worker_address=worker.address,
+                    transfer_address=worker.transfer_address,
+                    finished=task.finished,
+                    starting_round=task.starting_round,
+                )
         return response
 
     def _extend_rounds(self, iteration: Iteration, current_round: int, now: float) -> None:
@@ -359,8 +417,11 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             self._round_reports[iteration.iteration_id] = (now, current_round, 0.0)
         window = max(MIN_ROUND_WINDOW, int(rate * ROUND_WINDOW_S))
         if current_round + window // 2 >= iteration.round_limit:
-            self._commit(extend_rounds=journal_pb2.ExtendRoundsUpdate(
-                iteration_id=iteration.iteration_id, round_limit=current_round + window))
+            self._commit(
+                extend_rounds=journal_pb2.ExtendRoundsUpdate(
+                    iteration_id=iteration.iteration_id, round_limit=current_round + window
+                )
+            )
 
     @errors.handler
     def ReleaseIterationClient(self, request, context):
@@ -383,8 +444,10 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     def _gc_loop(self) -> None:
         """Releases silent clients and ends named iterations nobody reads."""
-        interval_s = min(self._config.job_gc_check_interval_ms, self._config.client_timeout_ms,
-                         self._config.worker_timeout_ms) / 4000
+        interval_s = (
+            min(self._config.job_gc_check_interval_ms, self._config.client_timeout_ms, self._config.worker_timeout_ms)
+            / 4000
+        )
         while not self._stopped.wait(interval_s):
             try:
                 self._collect_garbage(time.monotonic())
@@ -396,10 +459,10 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             for address, seen in list(self._worker_seen.items()):
                 if now - seen > self._config.worker_timeout_ms / 1000:
                     lost = self._state.lost_tasks_of(address)
-                    log.warning("worker %s missing for %.1f s: removing it, %d tasks lost", address, now - seen,
-                                len(lost))
-                    self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address,
-                                                                               lost_tasks=lost))
+                    log.warning(
+                        "worker %s missing for %.1f s: removing it, %d tasks lost", address, now - seen, len(lost)
+                    )
+                    self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
                     del self._worker_seen[address]
             for client_id, seen in list(self._client_seen.items()):
                 if now - seen > self._config.client_timeout_ms / 1000 and client_id in self._state.iteration_clients:
@@ -417,9 +480,12 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
     @errors.handler
     def GetWorkers(self, request, context):
         with self._lock:
-            return dispatcher_pb2.GetWorkersResponse(workers=[
-                dispatcher_pb2.WorkerInfo(address=w.address, transfer_address=w.transfer_address)
-                for w in self._state.workers.values()])
+            return dispatcher_pb2.GetWorkersResponse(
+                workers=[
+                    dispatcher_pb2.WorkerInfo(address=w.address, transfer_address=w.transfer_address)
+                    for w in self._state.workers.values()
+                ]
+            )
 
     # ---- workers ---------------------------------------------------------
 
@@ -432,13 +498,17 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         if allowed and address not in allowed:
             raise errors.failed_precondition(
                 f"worker {address} is not in the dispatcher's worker_addresses {list(allowed)}: start it with "
-                "one of those addresses (--worker_address) or restart the dispatcher with a list naming it")
+                "one of those addresses (--worker_address) or restart the dispatcher with a list naming it"
+            )
         with self._lock:
             self._worker_seen[address] = time.monotonic()
             known = self._state.workers.get(address)
             if known is None or not known.alive:
-                self._commit(register_worker=journal_pb2.RegisterWorkerUpdate(
-                    worker_address=address, transfer_address=request.transfer_address or address))
+                self._commit(
+                    register_worker=journal_pb2.RegisterWorkerUpdate(
+                        worker_address=address, transfer_address=request.transfer_address or address
+                    )
+                )
                 log.info("worker %s registered", address)
                 for iteration in list(self._state.unfinished_iterations()):
                     if not self._state.iteration_has_task_on(iteration, address):
@@ -462,7 +532,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     raise errors.not_found(f"task {task_id} is not known to {self._where()}")
                 if task.worker_address != request.worker_address:
                     raise errors.invalid_argument(
-                        f"task {task_id} belongs to worker {task.worker_address}, not {request.worker_address}")
+                        f"task {task_id} belongs to worker {task.worker_address}, not {request.worker_address}"
+                    )
                 if not task.finished:
                     self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
         return dispatcher_pb2.WorkerUpdateResponse()
@@ -480,21 +551,29 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             job = self._state.jobs[iteration.job_id]
             if job.sharding_policy != common_pb2.SHARDING_POLICY_DYNAMIC:
                 raise errors.failed_precondition(
-                    f"iteration {request.iteration_id} is not a distributed_epoch iteration: it has no splits")
+                    f"iteration {request.iteration_id} is not a distributed_epoch iteration: it has no splits"
+                )
             if not 0 <= request.split_group < len(job.split_group_sizes):
                 raise errors.invalid_argument(
-                    f"split group {request.split_group} out of range: the pipeline has "
-                    f"{len(job.split_group_sizes)}")
+                    f"split group {request.split_group} out of range: the pipeline has {len(job.split_group_sizes)}"
+                )
             task = self._state.tasks.get(request.task_id)
             if task is None or task.iteration_id != iteration.iteration_id:
                 raise errors.invalid_argument(
-                    f"task {request.task_id} is not a task of iteration {iteration.iteration_id}")
+                    f"task {request.task_id} is not a task of iteration {iteration.iteration_id}"
+                )
             group, repetition, index = request.split_group, request.repetition, request.index
             key = (task.task_id, group, repetition, index)
             if index > 0 and (task.task_id, group, repetition, index - 1) in iteration.outstanding_splits:
-                self._commit(start_splits=journal_pb2.StartSplitsUpdate(
-                    iteration_id=iteration.iteration_id, task_id=task.task_id, split_group=group,
-                    repetition=repetition, index=index - 1))
+                self._commit(
+                    start_splits=journal_pb2.StartSplitsUpdate(
+                        iteration_id=iteration.iteration_id,
+                        task_id=task.task_id,
+                        split_group=group,
+                        repetition=repetition,
+                        index=index - 1,
+                    )
+                )
             if key in iteration.outstanding_splits:  # a retry: the same answer again
                 begin, end = iteration.outstanding_splits[key]
                 return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
@@ -503,9 +582,18 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             pool = iteration.returned_splits.get((group, repetition))
             if pool:
                 begin, end = pool[0]
-                self._commit(produce_splits=journal_pb2.ProduceSplitsUpdate(
-                    iteration_id=iteration.iteration_id, split_group=group, repetition=repetition, begin=begin,
-                    end=end, task_id=task.task_id, index=index, from_pool=True))
+                self._commit(
+                    produce_splits=journal_pb2.ProduceSplitsUpdate(
+                        iteration_id=iteration.iteration_id,
+                        split_group=group,
+                        repetition=repetition,
+                        begin=begin,
+                        end=end,
+                        task_id=task.task_id,
+                        index=index,
+                        from_pool=True,
+                    )
+                )
                 return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
             current, begin = self._state.split_position(iteration, group)
             if repetition < current:
@@ -519,7 +607,15 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             # and a lost worker takes at most the one range it had started with it.
             fair = max(1, remaining // (RANGE_SHARE_DIVISOR * max(1, self._state.unfinished_task_count(iteration))))
             count = min(request.max_splits or DEFAULT_MAX_SPLITS, fair)
-            self._commit(produce_splits=journal_pb2.ProduceSplitsUpdate(
-                iteration_id=iteration.iteration_id, split_group=group, repetition=repetition,
-                begin=begin, end=begin + count, task_id=task.task_id, index=index))
+            self._commit(
+                produce_splits=journal_pb2.ProduceSplitsUpdate(
+                    iteration_id=iteration.iteration_id,
+                    split_group=group,
+                    repetition=repetition,
+                    begin=begin,
+                    end=begin + count,
+                    task_id=task.task_id,
+                    index=index,
+                )
+            )
         return dispatcher_pb2.GetSplitsResponse(begin=begin, end=begin + count)

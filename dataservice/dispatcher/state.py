@@ -183,7 +183,8 @@ class DispatcherState:
             for key in sorted(k for k in iteration.outstanding_splits if k[0] == task_id):
                 _, group, repetition, _ = key
                 iteration.returned_splits.setdefault((group, repetition), []).append(
-                    iteration.outstanding_splits.pop(key))
+                    iteration.outstanding_splits.pop(key)
+                )
             self._finish_if_done(iteration)
 
     def _finish_if_done(self, iteration: Iteration) -> None:
@@ -211,46 +212,110 @@ class DispatcherState:
         U = journal_pb2.Update
         out: List[journal_pb2.Update] = []
         for d in self.datasets.values():
-            out.append(U(register_dataset=journal_pb2.RegisterDatasetUpdate(
-                dataset_id=d.dataset_id, fingerprint=d.fingerprint, metadata=d.metadata)))
+            out.append(
+                U(
+                    register_dataset=journal_pb2.RegisterDatasetUpdate(
+                        dataset_id=d.dataset_id, fingerprint=d.fingerprint, metadata=d.metadata
+                    )
+                )
+            )
         for w in self.workers.values():
-            out.append(U(register_worker=journal_pb2.RegisterWorkerUpdate(
-                worker_address=w.address, transfer_address=w.transfer_address)))
+            out.append(
+                U(
+                    register_worker=journal_pb2.RegisterWorkerUpdate(
+                        worker_address=w.address, transfer_address=w.transfer_address
+                    )
+                )
+            )
         for j in sorted(self.jobs.values(), key=lambda j: j.job_id):
-            out.append(U(create_job=journal_pb2.CreateJobUpdate(
-                job_id=j.job_id, dataset_id=j.dataset_id,
-                processing_mode=common_pb2.ProcessingModeDef(sharding_policy=j.sharding_policy),
-                job_name=j.job_name, num_consumers=j.num_consumers, target_workers=j.target_workers,
-                split_group_sizes=j.split_group_sizes)))
+            out.append(
+                U(
+                    create_job=journal_pb2.CreateJobUpdate(
+                        job_id=j.job_id,
+                        dataset_id=j.dataset_id,
+                        processing_mode=common_pb2.ProcessingModeDef(sharding_policy=j.sharding_policy),
+                        job_name=j.job_name,
+                        num_consumers=j.num_consumers,
+                        target_workers=j.target_workers,
+                        split_group_sizes=j.split_group_sizes,
+                    )
+                )
+            )
         iterations = sorted(self.iterations.values(), key=lambda i: i.iteration_id)
         for it in iterations:
-            out.append(U(create_iteration=journal_pb2.CreateIterationUpdate(
-                iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition)))
+            out.append(
+                U(
+                    create_iteration=journal_pb2.CreateIterationUpdate(
+                        iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition
+                    )
+                )
+            )
             if it.round_limit:
-                out.append(U(extend_rounds=journal_pb2.ExtendRoundsUpdate(
-                    iteration_id=it.iteration_id, round_limit=it.round_limit)))
+                out.append(
+                    U(
+                        extend_rounds=journal_pb2.ExtendRoundsUpdate(
+                            iteration_id=it.iteration_id, round_limit=it.round_limit
+                        )
+                    )
+                )
             for group, (repetition, end) in sorted(it.split_positions.items()):
-                out.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
-                    iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=end, end=end)))
+                out.append(
+                    U(
+                        produce_splits=journal_pb2.ProduceSplitsUpdate(
+                            iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=end, end=end
+                        )
+                    )
+                )
         tasks = sorted(self.tasks.values(), key=lambda t: t.task_id)
         for t in tasks:
-            out.append(U(create_task=journal_pb2.CreateTaskUpdate(
-                task_id=t.task_id, iteration_id=t.iteration_id, worker_address=t.worker_address,
-                starting_round=t.starting_round)))
+            out.append(
+                U(
+                    create_task=journal_pb2.CreateTaskUpdate(
+                        task_id=t.task_id,
+                        iteration_id=t.iteration_id,
+                        worker_address=t.worker_address,
+                        starting_round=t.starting_round,
+                    )
+                )
+            )
         for it in iterations:
             # Outstanding ranges pass through the pool (return, then hand out from it);
             # the pool's own ranges follow, in order.
             for (task_id, group, repetition, index), (begin, end) in it.outstanding_splits.items():
-                out.append(U(return_splits=journal_pb2.ReturnSplitsUpdate(
-                    iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=begin, end=end)))
-                out.append(U(produce_splits=journal_pb2.ProduceSplitsUpdate(
-                    iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=begin, end=end,
-                    task_id=task_id, index=index, from_pool=True)))
+                out.append(
+                    U(
+                        return_splits=journal_pb2.ReturnSplitsUpdate(
+                            iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=begin, end=end
+                        )
+                    )
+                )
+                out.append(
+                    U(
+                        produce_splits=journal_pb2.ProduceSplitsUpdate(
+                            iteration_id=it.iteration_id,
+                            split_group=group,
+                            repetition=repetition,
+                            begin=begin,
+                            end=end,
+                            task_id=task_id,
+                            index=index,
+                            from_pool=True,
+                        )
+                    )
+                )
             for (group, repetition), pool in it.returned_splits.items():
                 for begin, end in pool:
-                    out.append(U(return_splits=journal_pb2.ReturnSplitsUpdate(
-                        iteration_id=it.iteration_id, split_group=group, repetition=repetition,
-                        begin=begin, end=end)))
+                    out.append(
+                        U(
+                            return_splits=journal_pb2.ReturnSplitsUpdate(
+                                iteration_id=it.iteration_id,
+                                split_group=group,
+                                repetition=repetition,
+                                begin=begin,
+                                end=end,
+                            )
+                        )
+                    )
         for t in tasks:
             if t.finished and not t.lost:
                 out.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=t.task_id)))
@@ -259,16 +324,31 @@ class DispatcherState:
             if lost or not w.alive:
                 out.append(U(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=w.address, lost_tasks=lost)))
                 if w.alive:  # it came back after it was lost
-                    out.append(U(register_worker=journal_pb2.RegisterWorkerUpdate(
-                        worker_address=w.address, transfer_address=w.transfer_address)))
+                    out.append(
+                        U(
+                            register_worker=journal_pb2.RegisterWorkerUpdate(
+                                worker_address=w.address, transfer_address=w.transfer_address
+                            )
+                        )
+                    )
         for client_id, iteration_id in sorted(self.iteration_clients.items()):
-            out.append(U(acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
-                iteration_client_id=client_id, iteration_id=iteration_id)))
+            out.append(
+                U(
+                    acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                        iteration_client_id=client_id, iteration_id=iteration_id
+                    )
+                )
+            )
         for it in iterations:
             if it.finished:
                 out.append(U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=it.iteration_id)))
-        out.append(U(reserve_ids=journal_pb2.ReserveIdsUpdate(**{
-            f"next_{kind}_id": value for kind, value in self._next_ids.items()})))
+        out.append(
+            U(
+                reserve_ids=journal_pb2.ReserveIdsUpdate(
+                    **{f"next_{kind}_id": value for kind, value in self._next_ids.items()}
+                )
+            )
+        )
         return out
 
     # ---- queries ---------------------------------------------------------
@@ -292,8 +372,9 @@ class DispatcherState:
 
     def iteration_has_task_on(self, iteration: Iteration, worker_address: str) -> bool:
         """Whether the worker has a task of the iteration that was not lost with an earlier run of it."""
-        return any(self.tasks[t].worker_address == worker_address and not self.tasks[t].lost
-                   for t in iteration.task_ids)
+        return any(
+            self.tasks[t].worker_address == worker_address and not self.tasks[t].lost for t in iteration.task_ids
+        )
 
     def lost_tasks_of(self, worker_address: str) -> List[int]:
         """The worker's tasks that a RemoveWorker would lose now."""

@@ -23,6 +23,10 @@ def shard(dataset: tf.data.Dataset, policy: int, num_workers: int, index: int) -
     spec = dataset.element_spec
     variant = tf.raw_ops.AutoShardDataset(
         input_dataset=dataset._variant_tensor,  # pylint: disable=protected-access
-        num_workers=num_workers, index=index, auto_shard_policy=_AUTO_SHARD_POLICY[policy],
-        output_types=structure.get_flat_tensor_types(spec), output_shapes=structure.get_flat_tensor_shapes(spec))
+        num_workers=num_workers,
+        index=index,
+        auto_shard_policy=_AUTO_SHARD_POLICY[policy],
+        output_types=structure.get_flat_tensor_types(spec),
+        output_shapes=structure.get_flat_tensor_shapes(spec),
+    )
     return tf.data.experimental.from_variant(variant, spec)

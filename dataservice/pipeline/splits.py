@@ -83,9 +83,12 @@ def find_sources(graph: graph_pb2.GraphDef) -> List[Source]:
         node = nodes[name]
         local = _LOCAL_INPUTS.get(node.op, set())
         inputs = [
-            _node_name(i) for position, i in enumerate(node.input)
-            if not i.startswith("^") and position not in local
-            and _node_name(i) in nodes and _is_dataset(nodes[_node_name(i)])
+            _node_name(i)
+            for position, i in enumerate(node.input)
+            if not i.startswith("^")
+            and position not in local
+            and _node_name(i) in nodes
+            and _is_dataset(nodes[_node_name(i)])
         ]
         if not inputs:
             found = [name]
@@ -111,7 +114,8 @@ def find_sources(graph: graph_pb2.GraphDef) -> List[Source]:
                 f"distributed_epoch cannot split the source op {node.op} (node {name!r}): only "
                 f"{', '.join(SPLITTABLE_OPS)} sources (Dataset.range, from_tensor_slices, list_files, "
                 "from_tensors, and TFRecordDataset/TextLineDataset over a list of files) can be split; "
-                "use processing_mode='parallel_epochs' or a static ShardingPolicy instead")
+                "use processing_mode='parallel_epochs' or a static ShardingPolicy instead"
+            )
         inputs = []
         for i in node.input:
             if i.startswith("^"):
@@ -121,11 +125,13 @@ def find_sources(graph: graph_pb2.GraphDef) -> List[Source]:
                 raise UnsplittableDatasetError(
                     f"distributed_epoch cannot split {node.op} (node {name!r}): its input {i!r} is computed by "
                     f"{producer.op if producer else 'an unknown node'}, not a constant; build the source from "
-                    "concrete values, or use processing_mode='parallel_epochs'")
+                    "concrete values, or use processing_mode='parallel_epochs'"
+                )
             if producer.attr["value"].tensor.dtype in (tf.variant.as_datatype_enum, tf.resource.as_datatype_enum):
                 raise UnsplittableDatasetError(
                     f"distributed_epoch cannot split {node.op} (node {name!r}): it slices sparse or ragged "
-                    "tensors (variant constants); slice dense tensors, or use processing_mode='parallel_epochs'")
+                    "tensors (variant constants); slice dense tensors, or use processing_mode='parallel_epochs'"
+                )
             inputs.append(_const_value(producer))
         root = find(name)
         group = group_ids.setdefault(root, len(group_ids))
@@ -165,8 +171,7 @@ def range_dataset(source: Source, node: node_def_pb2.NodeDef, begin: tf.Tensor, 
 SplitRanges = Callable[[Source], tf.data.Dataset]
 
 
-def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Source],
-                        split_ranges: SplitRanges):
+def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Source], split_ranges: SplitRanges):
     """The pipeline with every source replaced by its elements for the ranges `split_ranges(source)` yields.
 
     `split_ranges(source)` returns a dataset of (begin, end) int64 pairs; it is
@@ -176,8 +181,7 @@ def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Sour
     graph = graph_pb2.GraphDef()
     graph.ParseFromString(graph_bytes)
     nodes = {node.name: node for node in graph.node}
-    originals = {s.node_name: node_def_pb2.NodeDef.FromString(nodes[s.node_name].SerializeToString())
-                 for s in sources}
+    originals = {s.node_name: node_def_pb2.NodeDef.FromString(nodes[s.node_name].SerializeToString()) for s in sources}
     retval = next(n for n in graph.node if n.op == "_Retval")
     output = retval.input[0] if ":" in retval.input[0] else retval.input[0] + ":0"
     graph.node.remove(retval)
@@ -195,7 +199,8 @@ def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Sour
         for s in sources:
             original = originals[s.node_name]
             local = split_ranges(s).flat_map(
-                lambda begin, end, s=s, original=original: range_dataset(s, original, begin, end))
+                lambda begin, end, s=s, original=original: range_dataset(s, original, begin, end)
+            )
             input_map[s.node_name + ":0"] = local._variant_tensor  # pylint: disable=protected-access
         return tf.graph_util.import_graph_def(graph, input_map=input_map, return_elements=[output], name="")[0]
 

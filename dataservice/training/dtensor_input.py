@@ -24,9 +24,11 @@ def pack_batch(batch: Any, mesh: dtensor.Mesh, batch_dim: str = "batch") -> Any:
         if tensor.shape.rank == 0:
             raise ValueError("a scalar has no batch dimension to shard")
         if tensor.shape[0] % shards:
-            raise ValueError(f"a global batch of {tensor.shape[0]} does not split evenly over the "
-                             f"{shards} devices of mesh dimension {batch_dim!r}: batch with "
-                             f"drop_remainder=True and a multiple of {shards}")
+            raise ValueError(
+                f"a global batch of {tensor.shape[0]} does not split evenly over the "
+                f"{shards} devices of mesh dimension {batch_dim!r}: batch with "
+                f"drop_remainder=True and a multiple of {shards}"
+            )
         layout = dtensor.Layout([batch_dim] + [dtensor.UNSHARDED] * (tensor.shape.rank - 1), mesh)
         pieces = tf.split(tensor, shards, axis=0)
         components = [pieces[location[batch_dim]] for location in mesh.local_device_locations()]

@@ -9,8 +9,9 @@ from typing import Any, Dict
 import tensorflow as tf
 
 
-def input_context_options(input_context: tf.distribute.InputContext, job_name: str,
-                          coordinated: bool = False) -> Dict[str, Any]:
+def input_context_options(
+    input_context: tf.distribute.InputContext, job_name: str, coordinated: bool = False
+) -> Dict[str, Any]:
     """distribute() arguments for one input pipeline of `distribute_datasets_from_function`.
 
     All pipelines share the job `job_name`, so each element reaches one of them.

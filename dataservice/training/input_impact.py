@@ -26,16 +26,25 @@ class InputImpact:
     suggested_workers: int
 
     def __str__(self) -> str:
-        verdict = (f"input-bound: {self.input_wait_fraction:.0%} of each step waits for data; about "
-                   f"{self.suggested_workers} dataservice workers would close the gap"
-                   if self.input_bound else "not input-bound: moving preprocessing to the service would not "
-                                            "speed training up")
-        return (f"{self.steps_per_s_real:.1f} steps/s with the real input, {self.steps_per_s_ideal:.1f} with "
-                f"cached input: {verdict}")
+        verdict = (
+            f"input-bound: {self.input_wait_fraction:.0%} of each step waits for data; about "
+            f"{self.suggested_workers} dataservice workers would close the gap"
+            if self.input_bound
+            else "not input-bound: moving preprocessing to the service would not speed training up"
+        )
+        return (
+            f"{self.steps_per_s_real:.1f} steps/s with the real input, {self.steps_per_s_ideal:.1f} with "
+            f"cached input: {verdict}"
+        )
 
 
-def estimate_input_impact(dataset: tf.data.Dataset, train_step: Callable[[Any], Any], steps: int = 50,
-                          warmup_steps: int = 5, threshold: float = 0.9) -> InputImpact:
+def estimate_input_impact(
+    dataset: tf.data.Dataset,
+    train_step: Callable[[Any], Any],
+    steps: int = 50,
+    warmup_steps: int = 5,
+    threshold: float = 0.9,
+) -> InputImpact:
     """Measures steps/s with `dataset` and with `dataset.take(1).cache().repeat()` (input
     that costs nothing), as the tf.data service guide advises before adopting it.
 

@@ -57,8 +57,11 @@ def keep_freed_memory() -> bool:
         log.info("not glibc: malloc left at its defaults")
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    settings = ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
-                (_M_TOP_PAD, TOP_PAD_BYTES))
+    settings = (
+        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+        (_M_TOP_PAD, TOP_PAD_BYTES),
+    )
     return all(mallopt(param, value) == 1 for param, value in settings)
 
 

@@ -21,15 +21,21 @@ def add_worker_service(server: grpc.Server, servicer) -> None:
     """Registers `servicer`'s methods (every method of WorkerService) on `server`."""
     handlers = {
         "ProcessTask": grpc.unary_unary_rpc_method_handler(
-            servicer.ProcessTask, request_deserializer=worker_pb2.ProcessTaskRequest.FromString,
-            response_serializer=worker_pb2.ProcessTaskResponse.SerializeToString),
+            servicer.ProcessTask,
+            request_deserializer=worker_pb2.ProcessTaskRequest.FromString,
+            response_serializer=worker_pb2.ProcessTaskResponse.SerializeToString,
+        ),
         "PrepareDataset": grpc.unary_unary_rpc_method_handler(
-            servicer.PrepareDataset, request_deserializer=worker_pb2.PrepareDatasetRequest.FromString,
-            response_serializer=worker_pb2.PrepareDatasetResponse.SerializeToString),
+            servicer.PrepareDataset,
+            request_deserializer=worker_pb2.PrepareDatasetRequest.FromString,
+            response_serializer=worker_pb2.PrepareDatasetResponse.SerializeToString,
+        ),
         "StreamElements": grpc.stream_stream_rpc_method_handler(
-            servicer.StreamElements, request_deserializer=worker_pb2.StreamElementsRequest.FromString),
+            servicer.StreamElements, request_deserializer=worker_pb2.StreamElementsRequest.FromString
+        ),
         "GetElement": grpc.unary_unary_rpc_method_handler(
-            servicer.GetElement, request_deserializer=worker_pb2.GetElementRequest.FromString),
+            servicer.GetElement, request_deserializer=worker_pb2.GetElementRequest.FromString
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
 
@@ -39,6 +45,8 @@ class WorkerDataStub:
 
     def __init__(self, channel: grpc.Channel):
         self.StreamElements = channel.stream_stream(
-            f"/{_SERVICE}/StreamElements", request_serializer=worker_pb2.StreamElementsRequest.SerializeToString)
+            f"/{_SERVICE}/StreamElements", request_serializer=worker_pb2.StreamElementsRequest.SerializeToString
+        )
         self.GetElement = channel.unary_unary(
-            f"/{_SERVICE}/GetElement", request_serializer=worker_pb2.GetElementRequest.SerializeToString)
+            f"/{_SERVICE}/GetElement", request_serializer=worker_pb2.GetElementRequest.SerializeToString
+        )

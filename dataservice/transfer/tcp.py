@@ -51,7 +51,7 @@ KEEPALIVE_INTERVAL_S = 10
 def transfer_address(address: str) -> Optional[str]:
     """'host:port' of a "tcp://host:port" transfer address; None for any other (gRPC) address."""
     if address.startswith(SCHEME):
-        return address[len(SCHEME):]
+        return address[len(SCHEME) :]
     return None
 
 
@@ -67,8 +67,11 @@ def configure(sock: socket.socket) -> None:
     """No Nagle delay (credits and small messages go out at once), and keepalive probes."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
-                          ("TCP_KEEPCNT", 3)):
+    for option, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", 3),
+    ):
         if hasattr(socket, option):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
@@ -128,8 +131,10 @@ def recv_response(sock: socket.socket) -> Tuple[worker_pb2.StreamElementsRespons
     _recv_exactly(sock, memoryview(prefix))
     header_size, body_size = wire.STREAM_PREFIX.unpack(prefix)
     if header_size > MAX_HEADER_BYTES or body_size > MAX_BODY_BYTES:
-        raise ConnectionError(f"a message claims a header of {header_size} bytes and a body of {body_size}: "
-                              "the peer is not a dataservice worker")
+        raise ConnectionError(
+            f"a message claims a header of {header_size} bytes and a body of {body_size}: "
+            "the peer is not a dataservice worker"
+        )
     header = bytearray(header_size)
     _recv_exactly(sock, memoryview(header))
     body = wire.tf_aligned_empty((body_size,), np.uint8)

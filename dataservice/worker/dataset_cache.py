@@ -50,8 +50,13 @@ class _Entry:
 
 
 class DatasetCache:
-    def __init__(self, fetch_def: Callable[[str], DatasetDef], max_datasets: int = MAX_DATASETS,
-                 max_prepared: int = MAX_PREPARED, prepared_ttl_s: float = PREPARED_TTL_S):
+    def __init__(
+        self,
+        fetch_def: Callable[[str], DatasetDef],
+        max_datasets: int = MAX_DATASETS,
+        max_prepared: int = MAX_PREPARED,
+        prepared_ttl_s: float = PREPARED_TTL_S,
+    ):
         self._fetch_def = fetch_def
         self._max_datasets = max_datasets
         self._max_prepared = max_prepared
@@ -134,8 +139,9 @@ class DatasetCache:
             if iterator is None:
                 return
             self._prepared[dataset_id] = (time.monotonic(), iterator)
-            dropped = [self._prepared.popitem(last=False)[1][1]
-                       for _ in range(len(self._prepared) - self._max_prepared)]
+            dropped = [
+                self._prepared.popitem(last=False)[1][1] for _ in range(len(self._prepared) - self._max_prepared)
+            ]
         self._drop(dropped)
         log.info("prepared dataset %s ahead of its first task", dataset_id)
 

@@ -70,7 +70,8 @@ class ComponentIterator:
             return self._codec.to_components(next(self._iterator))
         try:
             tensors = gen_dataset_ops.iterator_get_next(
-                self._resource, output_types=self._types, output_shapes=self._shapes)
+                self._resource, output_types=self._types, output_shapes=self._shapes
+            )
         except tf.errors.OutOfRangeError:
             raise StopIteration from None
         return self._codec.tensors_to_components(tensors)

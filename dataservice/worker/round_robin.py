@@ -38,16 +38,19 @@ class RoundRobinServer:
         """(element, end_of_sequence) for the consumer's share of the round; (None, False)
         when not every consumer has asked for the round within `wait_s` (ask again)."""
         if not 0 <= consumer_index < self._num_consumers:
-            raise ValueError(f"consumer_index {consumer_index} out of range: the job has {self._num_consumers} "
-                             "consumers")
+            raise ValueError(
+                f"consumer_index {consumer_index} out of range: the job has {self._num_consumers} consumers"
+            )
         if round_index < self.starting_round:
             raise ValueError(f"round {round_index} comes before round {self.starting_round}, this task's first")
         deadline = time.monotonic() + wait_s
         with self._cond:
             if round_index not in self._rounds:
                 if self._order and round_index < self._order[0]:
-                    raise ValueError(f"round {round_index} was cut and dropped long ago (oldest kept: "
-                                     f"{self._order[0]}): this consumer fell behind the others")
+                    raise ValueError(
+                        f"round {round_index} was cut and dropped long ago (oldest kept: "
+                        f"{self._order[0]}): this consumer fell behind the others"
+                    )
                 self._requested[round_index].add(consumer_index)
                 self._cond.notify_all()
                 while round_index not in self._rounds:
@@ -74,8 +77,9 @@ class RoundRobinServer:
             self._cond.release()
             try:
                 while len(elements) < self._num_consumers and not done:
-                    taken, done = self._runner.take(self._num_consumers - len(elements), 1 << 62,
-                                                    max(0.05, deadline - time.monotonic()))
+                    taken, done = self._runner.take(
+                        self._num_consumers - len(elements), 1 << 62, max(0.05, deadline - time.monotonic())
+                    )
                     elements.extend(taken)
                     if not taken and not done and self._runner.stopped:
                         done = True

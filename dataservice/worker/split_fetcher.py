@@ -33,8 +33,15 @@ class _GroupLog:
 
 
 class SplitFetcher:
-    def __init__(self, dispatcher: dispatcher_pb2_grpc.DispatcherServiceStub, dispatcher_address: str,
-                 iteration_id: int, task_id: int, sources: List[Source], timeout_s: float):
+    def __init__(
+        self,
+        dispatcher: dispatcher_pb2_grpc.DispatcherServiceStub,
+        dispatcher_address: str,
+        iteration_id: int,
+        task_id: int,
+        sources: List[Source],
+        timeout_s: float,
+    ):
         self._dispatcher = dispatcher
         self._address = dispatcher_address
         self._iteration_id = iteration_id
@@ -101,8 +108,14 @@ class SplitFetcher:
     def _fetch(self, group: int, repetition: int, index: int) -> dispatcher_pb2.GetSplitsResponse:
         return retrying.call(
             self._dispatcher.GetSplits,
-            dispatcher_pb2.GetSplitsRequest(iteration_id=self._iteration_id, task_id=self._task_id,
-                                            split_group=group, repetition=repetition, index=index),
-            server=f"dispatcher at {self._address}", what=f"fetching splits for task {self._task_id}",
+            dispatcher_pb2.GetSplitsRequest(
+                iteration_id=self._iteration_id,
+                task_id=self._task_id,
+                split_group=group,
+                repetition=repetition,
+                index=index,
+            ),
+            server=f"dispatcher at {self._address}",
+            what=f"fetching splits for task {self._task_id}",
             timeout_s=self._timeout_s,
         )

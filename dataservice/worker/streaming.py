@@ -58,13 +58,18 @@ def unknown_task_message(address: str, task_id: int) -> str:
 
 
 def stopped_message(task_id: int) -> str:
-    return (f"task {task_id} was stopped by the dispatcher: its iteration ended, or the dispatcher "
-            "restarted without fault_tolerant_mode and no longer knows it")
+    return (
+        f"task {task_id} was stopped by the dispatcher: its iteration ended, or the dispatcher "
+        "restarted without fault_tolerant_mode and no longer knows it"
+    )
 
 
-def stream_task(worker: "WorkerServer", request: worker_pb2.StreamElementsRequest,
-                later_requests: Iterator[worker_pb2.StreamElementsRequest],
-                is_active: Callable[[], bool]) -> Iterator[Response]:
+def stream_task(
+    worker: "WorkerServer",
+    request: worker_pb2.StreamElementsRequest,
+    later_requests: Iterator[worker_pb2.StreamElementsRequest],
+    is_active: Callable[[], bool],
+) -> Iterator[Response]:
     """The responses (header and buffers) of the stream that `request` opens; `later_requests`
     (read on a thread of its own) grant more credits. Raises errors.ServiceError."""
     runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
@@ -74,8 +79,9 @@ def stream_task(worker: "WorkerServer", request: worker_pb2.StreamElementsReques
             return
         raise errors.ServiceError(grpc.StatusCode.UNAVAILABLE, unknown_task_message(worker.address, request.task_id))
     credits = _Credits(request.credits)
-    threading.Thread(target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}",
-                     daemon=True).start()
+    threading.Thread(
+        target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}", daemon=True
+    ).start()
     max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
     compress = request.compression == common_pb2.COMPRESSION_AUTO
     linger_s = 0.0  # the first message goes out at once: time to first element matters
@@ -87,8 +93,7 @@ def stream_task(worker: "WorkerServer", request: worker_pb2.StreamElementsReques
                     return  # the client wants no more
                 continue
             try:
-                elements, done = runner.take(min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S,
-                                             linger_s)
+                elements, done = runner.take(min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, linger_s)
                 linger_s = LINGER_S
             except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
                 raise errors.ServiceError(grpc_code(e), pipeline_error(request.task_id, worker.address, e)) from None

@@ -53,8 +53,10 @@ class TaskRunner:
             for components in elements:
                 size = self.codec.nbytes(components)
                 with self._cond:
-                    while not self._stopped and self._buffer and (
-                        len(self._buffer) >= self._max_elements or self._buffered_bytes + size > self._max_bytes
+                    while (
+                        not self._stopped
+                        and self._buffer
+                        and (len(self._buffer) >= self._max_elements or self._buffered_bytes + size > self._max_bytes)
                     ):
                         self._cond.wait()
                     if self._stopped:
@@ -78,8 +80,9 @@ class TaskRunner:
         # iterator destroyed (which can block: see element_iterator).
         del elements
 
-    def take(self, max_elements: int, max_bytes: int, timeout_s: float,
-             linger_s: float = 0.0) -> Tuple[List[Components], bool]:
+    def take(
+        self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0
+    ) -> Tuple[List[Components], bool]:
         """Up to `max_elements` elements (at least one, at most about `max_bytes`), and
         whether the task is done (every element taken).
 
@@ -94,8 +97,13 @@ class TaskRunner:
             # Linger briefly for more elements: one message per element would cap
             # throughput at the per-message cost, and a few ms add little latency.
             self._cond.wait_for(
-                lambda: len(self._buffer) >= max_elements or self._exhausted or self._error is not None
-                or self._stopped or self._buffered_bytes >= max_bytes,
+                lambda: (
+                    len(self._buffer) >= max_elements
+                    or self._exhausted
+                    or self._error is not None
+                    or self._stopped
+                    or self._buffered_bytes >= max_bytes
+                ),
                 linger_s,
             )
             taken: List[Components] = []

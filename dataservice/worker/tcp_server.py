@@ -24,8 +24,10 @@ log = logging.getLogger(__name__)
 
 MAX_STREAMS = 256
 
-StreamFn = Callable[[worker_pb2.StreamElementsRequest, Iterator[worker_pb2.StreamElementsRequest],
-                     Callable[[], bool]], Iterator[streaming.Response]]
+StreamFn = Callable[
+    [worker_pb2.StreamElementsRequest, Iterator[worker_pb2.StreamElementsRequest], Callable[[], bool]],
+    Iterator[streaming.Response],
+]
 
 
 def _listen(port: int) -> socket.socket:
@@ -115,8 +117,9 @@ class TcpTransferServer:
     @staticmethod
     def _refuse(conn: socket.socket) -> None:
         try:
-            _send_error(conn, grpc.StatusCode.UNAVAILABLE,
-                        f"the worker serves {MAX_STREAMS} data streams already: retry later")
+            _send_error(
+                conn, grpc.StatusCode.UNAVAILABLE, f"the worker serves {MAX_STREAMS} data streams already: retry later"
+            )
         except OSError:
             pass
         finally:

@@ -79,8 +79,10 @@ class _WorkerService:
             context.abort(grpc.StatusCode.UNAVAILABLE, streaming.unknown_task_message(worker.address, request.task_id))
         rounds = worker.round_robin(request.task_id)
         if rounds is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"task {request.task_id} is not a coordinated-reads task: read it with StreamElements")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {request.task_id} is not a coordinated-reads task: read it with StreamElements",
+            )
         try:
             element, end = rounds.get(request.consumer_index, request.round, ROUND_WAIT_S)
         except ValueError as e:
@@ -116,8 +118,7 @@ class WorkerServer:
         self.transfer_address = self.address
         if config.data_transfer_protocol == tcp.PROTOCOL:
             self._tcp = TcpTransferServer(functools.partial(streaming.stream_task, self), config.data_transfer_port)
-            self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace(
-                "%dts_port%", str(self._tcp.port))
+            self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))
         self._dispatcher = dispatcher_pb2_grpc.DispatcherServiceStub(channels.make_channel(config.dispatcher_address))
         self._lock = threading.Lock()
         self._tasks_changed = threading.Condition(self._lock)
@@ -202,7 +203,8 @@ class WorkerServer:
         response = retrying.call(
             self._dispatcher.WorkerHeartbeat,
             dispatcher_pb2.WorkerHeartbeatRequest(
-                worker_address=self.address, transfer_address=self.transfer_address, current_tasks=current),
+                worker_address=self.address, transfer_address=self.transfer_address, current_tasks=current
+            ),
             server=f"dispatcher at {self._config.dispatcher_address}",
             what=f"worker {self.address} heartbeat",
             timeout_s=timeout_s,
@@ -289,15 +291,22 @@ class WorkerServer:
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
             graph_def, element_spec = self._datasets.definition(task.dataset_id)
             sources = splits.find_sources(graph_lib.parse_graph(graph_def))
-            fetcher = SplitFetcher(self._dispatcher, self._config.dispatcher_address, task.iteration_id,
-                                   task.task_id, sources, self._config.dispatcher_timeout_ms / 1000)
+            fetcher = SplitFetcher(
+                self._dispatcher,
+                self._config.dispatcher_address,
+                task.iteration_id,
+                task.task_id,
+                sources,
+                self._config.dispatcher_timeout_ms / 1000,
+            )
             dataset, keepalive = splits.rebuild_with_splits(graph_def, element_spec, sources, fetcher.ranges)
             # The rebuilt graph's function must outlive the dataset's iterator.
             dataset._dataservice_keepalive = keepalive  # pylint: disable=protected-access
             return ComponentIterator(dataset, codec)
         if policy in sharding.STATIC_POLICIES:
-            dataset = sharding.shard(self._datasets.whole_dataset(task.dataset_id), policy, task.num_workers,
-                                     task.worker_index)
+            dataset = sharding.shard(
+                self._datasets.whole_dataset(task.dataset_id), policy, task.num_workers, task.worker_index
+            )
             return ComponentIterator(dataset, codec)
         return self._datasets.whole_iterator(task.dataset_id)
 
