@@ -5,9 +5,9 @@ import collections
 import pytest
 import tensorflow as tf
 from conftest import wait_for_workers
-from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
+from dataservice import tf_internal
 from dataservice.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -17,7 +17,7 @@ _WORKER_OPTIONS = {"heartbeat_interval_ms": 300}
 
 
 def _slow_range(n, sleep_us=4000):
-    return tf.data.Dataset.range(n).apply(testing.sleep(sleep_us))
+    return tf.data.Dataset.range(n).apply(tf_internal.sleep(sleep_us))
 
 
 @pytest.fixture(scope="module")

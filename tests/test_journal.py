@@ -6,10 +6,10 @@ import time
 import pytest
 import tensorflow as tf
 from conftest import to_list
-from tensorflow.python.data.experimental.ops import testing
 from test_state import comparable, random_updates
 
 import dataservice as service
+from dataservice import tf_internal
 from dataservice.dispatcher import journal
 from dataservice.dispatcher.state import DispatcherState
 
@@ -148,7 +148,7 @@ def test_restart_without_fault_tolerance_fails_reads_clearly(tmp_path):
     )
     restarted = None
     try:
-        source = tf.data.Dataset.range(100).apply(testing.sleep(20_000))
+        source = tf.data.Dataset.range(100).apply(tf_internal.sleep(20_000))
         iterator = iter(source.apply(service.distribute("parallel_epochs", dispatcher.target)))
         next(iterator)
         dispatcher.stop()

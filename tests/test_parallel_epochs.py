@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import in_process_cluster, to_list
-from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
+from dataservice import tf_internal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,7 +130,7 @@ def test_worker_joining_mid_iteration_gets_a_task():
     cluster = in_process_cluster(1)
     try:
         # 40 elements at 50 ms each: the first worker is far from done when the second joins.
-        source = tf.data.Dataset.range(40).apply(testing.sleep(50_000))
+        source = tf.data.Dataset.range(40).apply(tf_internal.sleep(50_000))
         iterator = iter(_distribute(source, cluster))
         first = [int(next(iterator))]
         cluster.add_worker()
@@ -174,7 +174,7 @@ def test_abandoned_iteration_stops_its_tasks(cluster):
 
 def test_named_job_is_shared_between_clients(cluster):
     # Slow elements, so that neither client's read-ahead takes the whole dataset.
-    source = tf.data.Dataset.range(60).apply(testing.sleep(20_000))
+    source = tf.data.Dataset.range(60).apply(tf_internal.sleep(20_000))
     a = iter(_distribute(source, cluster, job_name="shared"))
     b = iter(_distribute(source, cluster, job_name="shared"))
     got, per_client, active = [], {0: 0, 1: 0}, {0: a, 1: b}

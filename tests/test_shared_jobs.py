@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import REPO_ROOT, in_process_cluster, wait_for_workers
-from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
+from dataservice import tf_internal
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
 from dataservice.local_cluster import LocalCluster
@@ -30,10 +30,10 @@ pytestmark = pytest.mark.timeout(240)
 _CLIENT = r"""
 import json, sys
 import tensorflow as tf
-from tensorflow.python.data.experimental.ops import testing
+from dataservice import tf_internal
 import dataservice as service
 args = json.loads(sys.argv[1])
-ds = tf.data.Dataset.range(args["n"]).apply(testing.sleep(args.get("sleep_us", 0)))
+ds = tf.data.Dataset.range(args["n"]).apply(tf_internal.sleep(args.get("sleep_us", 0)))
 if args.get("repeat"):
     ds = ds.repeat()
 ds = ds.apply(service.distribute("parallel_epochs", args["target"], **args["kwargs"]))
@@ -113,7 +113,7 @@ def test_shared_job_divides_elements_between_client_processes(cluster):
 
 
 def test_shared_job_divides_elements_between_threads(cluster):
-    source = tf.data.Dataset.range(400).apply(testing.sleep(3000))
+    source = tf.data.Dataset.range(400).apply(tf_internal.sleep(3000))
 
     def read(_):
         return [int(x) for x in source.apply(service.distribute("parallel_epochs", cluster.target, job_name="threads"))]
@@ -163,7 +163,7 @@ def _coordinated(cluster_target, index, count=2, job_name="coord", rounds=40, sl
     after event[0] of them (a worker joins or dies mid-job)."""
     ds = (
         tf.data.Dataset.range(10**9)
-        .apply(testing.sleep(sleep_us))
+        .apply(tf_internal.sleep(sleep_us))
         .repeat()
         .apply(
             service.distribute(
@@ -354,7 +354,7 @@ def test_auto_compression_compresses_only_what_shrinks():
 
 
 def test_consumers_of_a_shared_job_may_use_either_compression(cluster):
-    source = tf.data.Dataset.range(200).map(lambda i: tf.fill([4096], i)).apply(testing.sleep(2000))
+    source = tf.data.Dataset.range(200).map(lambda i: tf.fill([4096], i)).apply(tf_internal.sleep(2000))
     kinds = ["AUTO", None]
 
     def read(i):

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 from conftest import REPO_ROOT
 from tensorflow.experimental import dtensor
-from tensorflow.python.data.experimental.ops import testing
 
 import dataservice as service
+from dataservice import tf_internal
 from dataservice.demo import sample_data
 
 pytestmark = pytest.mark.timeout(300)
@@ -141,7 +141,7 @@ def test_keras_fit_learns_the_digits_through_distributed_epoch(cluster2, digits)
 
 
 def test_estimate_input_impact_tells_input_bound_from_compute_bound():
-    slow_input = tf.data.Dataset.range(10**6).batch(16).apply(testing.sleep(20_000))
+    slow_input = tf.data.Dataset.range(10**6).batch(16).apply(tf_internal.sleep(20_000))
     fast_step = tf.function(lambda batch: tf.reduce_sum(batch))
     impact = service.estimate_input_impact(slow_input, fast_step, steps=15, warmup_steps=2)
     assert impact.input_bound and impact.suggested_workers >= 2, impact

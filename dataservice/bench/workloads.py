@@ -34,9 +34,9 @@ from typing import Callable, Dict, List, Optional, Union
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
-from tensorflow.python.data.experimental.ops import testing  # noqa: E402
 
 import dataservice  # noqa: E402
+from dataservice import tf_internal  # noqa: E402
 from dataservice.dispatcher import journal  # noqa: E402
 from dataservice.dispatcher.state import DispatcherState  # noqa: E402
 from dataservice.local_cluster import LocalCluster  # noqa: E402
@@ -347,7 +347,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
             )
         sleep_us = 2000
         n_sleep = int(3000 * scale) or 100
-        make_slow = lambda trial: tf.data.Dataset.range(n_sleep).apply(testing.sleep(sleep_us))  # noqa: E731
+        make_slow = lambda trial: tf.data.Dataset.range(n_sleep).apply(tf_internal.sleep(sleep_us))  # noqa: E731
         rates: Dict[int, Dict[str, float]] = {}
         if 4 in workloads:
             rates[1] = bench.compare(

@@ -13,9 +13,8 @@ import itertools
 from typing import Any, Callable, Optional, Tuple, Union
 
 import tensorflow as tf
-from tensorflow.python.util import deprecation
 
-from dataservice import modes
+from dataservice import modes, tf_internal
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
@@ -250,7 +249,7 @@ def _service_dataset(
     # Types and shapes rather than output_signature: TensorFlow then calls the generator through
     # numpy_function with light checks, instead of eager_py_func and a conversion of every value
     # to an eager tensor (which took 180-500 us an element; see _from_generator in TensorFlow).
-    with deprecation.silence():
+    with tf_internal.deprecation_warnings_silenced():
         dataset = tf.data.Dataset.from_generator(
             generate,
             output_types=tf.nest.map_structure(lambda spec: spec.dtype, specs),

@@ -13,7 +13,8 @@ from typing import Any, Iterable
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import struct_pb2
-from tensorflow.python.saved_model import nested_structure_coder
+
+from dataservice import tf_internal
 
 # Ops that call back into the Python interpreter of the process that built
 # the pipeline: a worker in another process cannot run them.
@@ -30,20 +31,17 @@ class InvalidDatasetError(ValueError):
 
 def serialize_dataset(dataset: tf.data.Dataset) -> bytes:
     """The pipeline's GraphDef bytes, device assignments stripped so any worker can run it."""
-    return dataset._as_serialized_graph(  # pylint: disable=protected-access
-        external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN,
-        strip_device_assignment=True,
-    ).numpy()
+    return tf_internal.serialize_dataset_graph(dataset)
 
 
 def encode_element_spec(element_spec: Any) -> bytes:
-    return nested_structure_coder.encode_structure(element_spec).SerializeToString()
+    return tf_internal.encode_structure(element_spec).SerializeToString()
 
 
 def decode_element_spec(data: bytes) -> Any:
     proto = struct_pb2.StructuredValue()
     proto.ParseFromString(data)
-    return nested_structure_coder.decode_proto(proto)
+    return tf_internal.decode_structure(proto)
 
 
 def parse_graph(graph_bytes: bytes) -> graph_pb2.GraphDef:

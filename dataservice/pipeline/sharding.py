@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.python.data.util import structure
 
+from dataservice import tf_internal
 from dataservice.v1 import common_pb2
 
 # ShardingPolicy -> tf.data AutoShardPolicy value.
@@ -22,11 +22,11 @@ def shard(dataset: tf.data.Dataset, policy: int, num_workers: int, index: int) -
     file sources raises tf.errors.NotFoundError ("Found an unshardable source dataset")."""
     spec = dataset.element_spec
     variant = tf.raw_ops.AutoShardDataset(
-        input_dataset=dataset._variant_tensor,  # pylint: disable=protected-access
+        input_dataset=tf_internal.variant_tensor(dataset),
         num_workers=num_workers,
         index=index,
         auto_shard_policy=_AUTO_SHARD_POLICY[policy],
-        output_types=structure.get_flat_tensor_types(spec),
-        output_shapes=structure.get_flat_tensor_shapes(spec),
+        output_types=tf_internal.flat_tensor_types(spec),
+        output_shapes=tf_internal.flat_tensor_shapes(spec),
     )
     return tf.data.experimental.from_variant(variant, spec)

@@ -24,6 +24,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
+from dataservice import tf_internal
+
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 SPLITTABLE_OPS = ("RangeDataset", "TensorSliceDataset", "TensorDataset")
 # Dataset inputs that are not split: they run whole on every worker.
@@ -201,7 +203,7 @@ def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Sour
             local = split_ranges(s).flat_map(
                 lambda begin, end, s=s, original=original: range_dataset(s, original, begin, end)
             )
-            input_map[s.node_name + ":0"] = local._variant_tensor  # pylint: disable=protected-access
+            input_map[s.node_name + ":0"] = tf_internal.variant_tensor(local)
         return tf.graph_util.import_graph_def(graph, input_map=input_map, return_elements=[output], name="")[0]
 
     wrapped = tf.compat.v1.wrap_function(build, [])

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf.message import Message
 
+from dataservice import tf_internal
 from dataservice.transfer import compression
 from dataservice.v1 import common_pb2
 
@@ -159,10 +160,9 @@ class ElementCodec:
 
         Numeric arrays are views of the tensors' own memory, which they keep alive:
         `numpy()` copies every array (so that callers may write to it), and a worker
-        only reads and sends them (a worker's step for a 1 MiB element: 160 -> 90 us)."""
-        # pylint: disable-next=protected-access
+        only reads and sends them."""
         return [
-            np.asarray(t.numpy(), dtype=object) if is_string else np.asarray(t._numpy())
+            np.asarray(t.numpy(), dtype=object) if is_string else tf_internal.tensor_memory(t)
             for t, is_string in zip(tensors, self.is_string)
         ]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_dataset_ops
 
+from dataservice import tf_internal
 from dataservice.transfer.wire import Components, ElementCodec
 
 
@@ -38,7 +38,7 @@ class ComponentIterator:
         # (see splits.rebuild_with_splits).
         self._dataset = dataset
         self._iterator = iter(dataset)
-        resource = getattr(self._iterator, "_iterator_resource", None)
+        resource = tf_internal.iterator_resource(self._iterator)
         self._resource: Optional[tf.Tensor] = resource if _plain_tensors(dataset.element_spec) else None
         self._types = [spec.dtype for spec in codec.component_specs]
         self._shapes = [spec.shape for spec in codec.component_specs]
@@ -69,9 +69,7 @@ class ComponentIterator:
         if self._resource is None:
             return self._codec.to_components(next(self._iterator))
         try:
-            tensors = gen_dataset_ops.iterator_get_next(
-                self._resource, output_types=self._types, output_shapes=self._shapes
-            )
+            tensors = tf_internal.iterator_get_next(self._resource, self._types, self._shapes)
         except tf.errors.OutOfRangeError:
             raise StopIteration from None
         return self._codec.tensors_to_components(tensors)
