@@ -7,10 +7,11 @@ under <work_dir>/datasets/, written before the update that registers it.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import threading
 from typing import Dict, Optional
+
+from dataservice import durable_files
 
 
 class DatasetStore:
@@ -27,18 +28,13 @@ class DatasetStore:
         return self._dir / (dataset_id.encode().hex() + ".graphdef")
 
     def put(self, dataset_id: str, graph_def: bytes) -> None:
-        """Stores the graph durably (fsync, atomic rename) before returning."""
+        """Stores the graph durably (file and directory fsynced) before returning: the journal
+        record that names it follows."""
         with self._lock:
             self._graphs[dataset_id] = graph_def
         if self._dir is None:
             return
-        path = self._path(dataset_id)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(graph_def)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        durable_files.write_durably(self._path(dataset_id), graph_def)
 
     def get(self, dataset_id: str) -> Optional[bytes]:
         with self._lock:

@@ -25,6 +25,7 @@ from typing import Iterable, Iterator, List, Tuple
 
 import google_crc32c
 
+from dataservice import durable_files
 from dataservice.v1 import journal_pb2
 
 log = logging.getLogger(__name__)
@@ -119,15 +120,8 @@ class JournalWriter:
 
     def _open_segment(self, seq: int):
         f = open(self._dir / f"journal-{seq:010d}.log", "ab")
-        self._sync_dir()
+        durable_files.fsync_directory(self._dir)
         return f
-
-    def _sync_dir(self) -> None:
-        fd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def append(self, update: journal_pb2.Update) -> None:
         self._file.write(_encode(update))
@@ -138,20 +132,14 @@ class JournalWriter:
         """Replaces the journal so far by `updates` (which rebuild the current state) and
         starts a new segment; recovery then replays the snapshot and what follows it."""
         seq = self._seq + 1
-        tmp = self._dir / f"snapshot-{seq:010d}.tmp"
-        with open(tmp, "wb") as f:
-            for update in updates:
-                f.write(_encode(update))
-            f.flush()
-            os.fsync(f.fileno())
+        durable_files.write_durably(self._dir / f"snapshot-{seq:010d}.log", (_encode(u) for u in updates))
         self._file.close()
-        os.replace(tmp, self._dir / f"snapshot-{seq:010d}.log")
         self._seq = seq
         self._file = self._open_segment(seq)
         for old_seq, _, path in _files(self._dir):
             if old_seq < seq:
                 path.unlink()
-        self._sync_dir()
+        durable_files.fsync_directory(self._dir)
 
     def close(self) -> None:
         self._file.close()
