@@ -65,16 +65,14 @@ def processes():
 
 def wait_for_workers(address: str, count: int, timeout_s: float = 60.0) -> None:
     """Blocks until `count` workers are registered with the dispatcher at `address`."""
+    from dataservice.rpc.dispatcher_client import DispatcherClient
 
-    from dataservice.rpc import channels
-    from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
-
-    stub = dispatcher_pb2_grpc.DispatcherServiceStub(channels.make_channel(address))
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if len(stub.GetWorkers(dispatcher_pb2.GetWorkersRequest(), timeout=5).workers) >= count:
-            return
-        time.sleep(0.1)
+    with DispatcherClient(address, timeout_s=5) as dispatcher:
+        while time.monotonic() < deadline:
+            if len(dispatcher.get_workers()) >= count:
+                return
+            time.sleep(0.1)
     raise TimeoutError(f"fewer than {count} workers registered at {address}")
 
 

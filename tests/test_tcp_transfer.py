@@ -13,19 +13,17 @@ import tensorflow as tf
 
 import dataservice as service
 from dataservice.rpc import errors
+from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import tcp
-from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
+from dataservice.v1 import worker_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _registered_transfer_addresses(cluster) -> dict:
     """worker address -> transfer address, as the dispatcher knows them."""
-    with grpc.insecure_channel(cluster.address) as channel:
-        response = dispatcher_pb2_grpc.DispatcherServiceStub(channel).GetWorkers(
-            dispatcher_pb2.GetWorkersRequest(), timeout=10
-        )
-    return {w.address: w.transfer_address for w in response.workers}
+    with DispatcherClient(cluster.address, timeout_s=10) as dispatcher:
+        return {w.address: w.transfer_address for w in dispatcher.get_workers()}
 
 
 def _mixed_elements() -> tf.data.Dataset:

@@ -21,11 +21,11 @@ from dataservice.client.session import JobSpec
 from dataservice.config import DEFAULT_CLIENT_TIMEOUT_MS
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import splits
-from dataservice.rpc import addresses, retrying
-from dataservice.rpc.channels import shared_channels
+from dataservice.rpc import addresses
+from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import allocator
 from dataservice.transfer.wire import ElementCodec
-from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
+from dataservice.v1 import common_pb2
 
 Service = Union[str, Tuple[str, str]]
 DatasetId = Union[str, bytes, int, tf.Tensor]
@@ -50,18 +50,6 @@ def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
     if not isinstance(dispatcher_timeout_ms, int) or dispatcher_timeout_ms <= 0:
         raise ValueError(f"dispatcher_timeout_ms must be a positive integer, got {dispatcher_timeout_ms!r}")
     return dispatcher_timeout_ms / 1000
-
-
-def _call_dispatcher(address: str, method: str, request, what: str, timeout_s: float):
-    """One call to the dispatcher's `method`, on the channel shared with this process's readers."""
-    with shared_channels.holding(address) as channel:
-        return retrying.call(
-            getattr(dispatcher_pb2_grpc.DispatcherServiceStub(channel), method),
-            request,
-            server=f"dispatcher at {address}",
-            what=what,
-            timeout_s=timeout_s,
-        )
 
 
 def _dataset_id_str(dataset_id: DatasetId) -> str:
@@ -100,15 +88,8 @@ def _register(
     if splittable:
         # Refuse an unsplittable pipeline here, not at the first element.
         splits.find_sources(graph)
-    return _call_dispatcher(
-        address,
-        "RegisterDataset",
-        dispatcher_pb2.RegisterDatasetRequest(
-            graph_def=graph_bytes, metadata=metadata, requested_dataset_id=requested, prepare_workers=prepare_workers
-        ),
-        "registering a dataset",
-        timeout_s,
-    ).dataset_id
+    with DispatcherClient(address, timeout_s, shared=True) as dispatcher:
+        return dispatcher.register_dataset(graph_bytes, metadata, requested, prepare_workers)
 
 
 def register_dataset(
@@ -302,13 +283,8 @@ def from_dataset_id(
     cardinality = tf.data.UNKNOWN_CARDINALITY
     compression = common_pb2.COMPRESSION_AUTO
     if element_spec is None:
-        metadata = _call_dispatcher(
-            address,
-            "GetDataServiceMetadata",
-            dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id),
-            f"fetching the element spec of dataset {dataset_id!r}",
-            options.timeout_s,
-        ).metadata
+        with DispatcherClient(address, options.timeout_s, shared=True) as dispatcher:
+            metadata = dispatcher.get_data_service_metadata(dataset_id)
         element_spec = graph_lib.decode_element_spec(metadata.element_spec)
         cardinality = metadata.cardinality
         compression = metadata.compression

@@ -15,12 +15,10 @@ import threading
 import time
 from typing import Callable, FrozenSet, Optional
 
-import grpc
 import tensorflow as tf
 
-from dataservice.rpc import retrying
-from dataservice.rpc.channels import shared_channels
-from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
+from dataservice.rpc.dispatcher_client import DispatcherClient
+from dataservice.v1 import common_pb2, dispatcher_pb2
 
 log = logging.getLogger(__name__)
 
@@ -81,28 +79,16 @@ class IterationSession:
         self._on_heartbeat = on_heartbeat
         self._on_error = on_error
         self._current_round = current_round
-        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(shared_channels.acquire(dispatcher_address))
+        self._dispatcher = DispatcherClient(dispatcher_address, timeout_s, shared=True)
         self._stop = threading.Event()
         self._wake = threading.Event()
         try:
-            job_response = self._call(
-                self._stub.GetOrCreateJob,
-                dispatcher_pb2.GetOrCreateJobRequest(
-                    dataset_id=job.dataset_id,
-                    processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
-                    job_name=job.job_name,
-                    num_consumers=job.num_consumers,
-                    target_workers=job.target_workers,
-                ),
-                "creating a job",
+            job_id = self._dispatcher.get_or_create_job(
+                job.dataset_id, job.sharding_policy, job.job_name, job.num_consumers, job.target_workers
             )
-            iteration = self._call(
-                self._stub.GetOrCreateIteration,
-                dispatcher_pb2.GetOrCreateIterationRequest(job_id=job_response.job_id, repetition=repetition),
-                "creating an iteration",
-            )
+            iteration = self._dispatcher.get_or_create_iteration(job_id, repetition)
         except BaseException:
-            shared_channels.release(dispatcher_address)
+            self._dispatcher.close()
             raise
         self.client_id = iteration.iteration_client_id
         self._waiting_since = time.monotonic()
@@ -117,11 +103,6 @@ class IterationSession:
             raise
         self._thread = threading.Thread(target=self._loop, name="client-heartbeat", daemon=True)
         self._thread.start()
-
-    def _call(self, method, request, what: str):
-        return retrying.call(
-            method, request, server=f"dispatcher at {self._address}", what=what, timeout_s=self.timeout_s
-        )
 
     def wake(self) -> None:
         """Heartbeats now rather than at the next interval."""
@@ -144,13 +125,7 @@ class IterationSession:
                 return
 
     def _heartbeat(self) -> None:
-        response = self._call(
-            self._stub.ClientHeartbeat,
-            dispatcher_pb2.ClientHeartbeatRequest(
-                iteration_client_id=self.client_id, current_round=self._current_round()
-            ),
-            "client heartbeat",
-        )
+        response = self._dispatcher.client_heartbeat(self.client_id, self._current_round())
         if self.local_only:
             local = [t for t in response.tasks if is_local_worker(t.worker_address)]
             if response.tasks and not local:
@@ -180,11 +155,9 @@ class IterationSession:
         self._stop.set()
         self._wake.set()
         try:
-            self._stub.ReleaseIterationClient(
-                dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=self.client_id), timeout=2
-            )
-        except grpc.RpcError as e:
-            log.debug("releasing iteration client %d failed: %s", self.client_id, e.code().name)
+            self._dispatcher.release_iteration_client(self.client_id, timeout_s=2)
+        except tf.errors.OpError as e:
+            log.debug("releasing iteration client %d failed: %s", self.client_id, e.message)
         if self._thread is not None:
             self._thread.join(timeout=2)
-        shared_channels.release(self._address)
+        self._dispatcher.close()

@@ -17,8 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from dataservice.pipeline.splits import Source
-from dataservice.rpc import retrying
-from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
+from dataservice.rpc.dispatcher_client import DispatcherClient
+from dataservice.v1 import dispatcher_pb2
 
 _RANGE_SIGNATURE = (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64))
 
@@ -35,18 +35,14 @@ class _GroupLog:
 class SplitFetcher:
     def __init__(
         self,
-        dispatcher: dispatcher_pb2_grpc.DispatcherServiceStub,
-        dispatcher_address: str,
+        dispatcher: DispatcherClient,
         iteration_id: int,
         task_id: int,
         sources: List[Source],
-        timeout_s: float,
     ):
         self._dispatcher = dispatcher
-        self._address = dispatcher_address
         self._iteration_id = iteration_id
         self._task_id = task_id
-        self._timeout_s = timeout_s
         self._cond = threading.Condition()
         self._logs: Dict[Tuple[int, int], _GroupLog] = {}
         self._repetitions: Dict[str, int] = {s.node_name: -1 for s in sources}
@@ -106,16 +102,4 @@ class SplitFetcher:
             return log.ranges[index] if index < len(log.ranges) else None
 
     def _fetch(self, group: int, repetition: int, index: int) -> dispatcher_pb2.GetSplitsResponse:
-        return retrying.call(
-            self._dispatcher.GetSplits,
-            dispatcher_pb2.GetSplitsRequest(
-                iteration_id=self._iteration_id,
-                task_id=self._task_id,
-                split_group=group,
-                repetition=repetition,
-                index=index,
-            ),
-            server=f"dispatcher at {self._address}",
-            what=f"fetching splits for task {self._task_id}",
-            timeout_s=self._timeout_s,
-        )
+        return self._dispatcher.get_splits(self._iteration_id, self._task_id, group, repetition, index)

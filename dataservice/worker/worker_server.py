@@ -22,9 +22,10 @@ import tensorflow as tf
 from dataservice.config import WorkerConfig
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import sharding, splits
-from dataservice.rpc import channels, errors, retrying, servers
+from dataservice.rpc import errors, servers
+from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, tcp, wire
-from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
+from dataservice.v1 import common_pb2, worker_pb2
 from dataservice.worker import streaming
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
 from dataservice.worker.element_iterator import ComponentIterator
@@ -119,7 +120,7 @@ class WorkerServer:
         if config.data_transfer_protocol == tcp.PROTOCOL:
             self._tcp = TcpTransferServer(functools.partial(streaming.stream_task, self), config.data_transfer_port)
             self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))
-        self._dispatcher = dispatcher_pb2_grpc.DispatcherServiceStub(channels.make_channel(config.dispatcher_address))
+        self._dispatcher = DispatcherClient(config.dispatcher_address, config.dispatcher_timeout_ms / 1000)
         self._lock = threading.Lock()
         self._tasks_changed = threading.Condition(self._lock)
         self._runners: Dict[int, TaskRunner] = {}
@@ -166,6 +167,7 @@ class WorkerServer:
         if self._tcp is not None:
             self._tcp.stop()
         self._server.stop(grace_s).wait()
+        self._dispatcher.close()
 
     @property
     def target(self) -> str:
@@ -200,16 +202,7 @@ class WorkerServer:
     def _heartbeat(self, timeout_s: float) -> None:
         with self._lock:
             current = sorted(self._runners)
-        response = retrying.call(
-            self._dispatcher.WorkerHeartbeat,
-            dispatcher_pb2.WorkerHeartbeatRequest(
-                worker_address=self.address, transfer_address=self.transfer_address, current_tasks=current
-            ),
-            server=f"dispatcher at {self._config.dispatcher_address}",
-            what=f"worker {self.address} heartbeat",
-            timeout_s=timeout_s,
-            rpc_timeout_s=10.0,
-        )
+        response = self._dispatcher.worker_heartbeat(self.address, self.transfer_address, current, timeout_s)
         for task in response.new_tasks:
             self.start_task(task)
         for task_id in response.tasks_to_delete:
@@ -240,24 +233,12 @@ class WorkerServer:
             tasks = sorted(self._unreported)
         if not tasks:
             return
-        retrying.call(
-            self._dispatcher.WorkerUpdate,
-            dispatcher_pb2.WorkerUpdateRequest(worker_address=self.address, finished_tasks=tasks),
-            server=f"dispatcher at {self._config.dispatcher_address}",
-            what=f"worker {self.address} task update",
-            timeout_s=timeout_s,
-        )
+        self._dispatcher.worker_update(self.address, tasks, timeout_s)
         with self._lock:
             self._unreported.difference_update(tasks)
 
     def _fetch_dataset_def(self, dataset_id: str) -> DatasetDef:
-        response = retrying.call(
-            self._dispatcher.GetDatasetDef,
-            dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id),
-            server=f"dispatcher at {self._config.dispatcher_address}",
-            what=f"fetching dataset {dataset_id}",
-            timeout_s=self._config.dispatcher_timeout_ms / 1000,
-        )
+        response = self._dispatcher.get_dataset_def(dataset_id)
         return response.graph_def, graph_lib.decode_element_spec(response.metadata.element_spec)
 
     def prepare_dataset(self, dataset_id: str) -> None:
@@ -291,14 +272,7 @@ class WorkerServer:
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
             graph_def, element_spec = self._datasets.definition(task.dataset_id)
             sources = splits.find_sources(graph_lib.parse_graph(graph_def))
-            fetcher = SplitFetcher(
-                self._dispatcher,
-                self._config.dispatcher_address,
-                task.iteration_id,
-                task.task_id,
-                sources,
-                self._config.dispatcher_timeout_ms / 1000,
-            )
+            fetcher = SplitFetcher(self._dispatcher, task.iteration_id, task.task_id, sources)
             dataset, keepalive = splits.rebuild_with_splits(graph_def, element_spec, sources, fetcher.ranges)
             # The rebuilt graph's function must outlive the dataset's iterator.
             dataset._dataservice_keepalive = keepalive  # pylint: disable=protected-access

@@ -1,0 +1,170 @@
+"""DispatcherClient: every call to the dispatcher, from clients, workers and split fetchers.
+
+One place decides how the dispatcher is reached: which channel (a client
+process shares one per address with its readers; a worker owns one), the
+deadline of each call, which failures are retried (UNAVAILABLE and ABORTED,
+with backoff, until the call's timeout), and how a failure reads ("...: the
+dispatcher at HOST:PORT is unavailable", the status kept as the matching
+tf.errors class). Authentication, TLS and client-side metrics hook in here.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import grpc
+
+from dataservice.rpc import errors, retrying
+from dataservice.rpc.channels import make_channel, shared_channels
+from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
+
+# Each try of a call waits at most this long for an answer (the call as a whole: its timeout).
+DEFAULT_RPC_TIMEOUT_S = 30.0
+
+
+class DispatcherClient:
+    """Typed calls to the dispatcher at `address` ("host:port").
+
+    `timeout_s` bounds each call, retries included, unless the call is given
+    its own. `shared=True` (clients) uses the process's shared channel to the
+    address; otherwise (workers) the client owns its channel. close() gives
+    the channel back.
+    """
+
+    def __init__(self, address: str, timeout_s: float, shared: bool = False):
+        self.address = address
+        self.timeout_s = timeout_s
+        self._shared = shared
+        self._channel: Optional[grpc.Channel] = shared_channels.acquire(address) if shared else make_channel(address)
+        self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(self._channel)
+
+    @property
+    def server(self) -> str:
+        """How errors name the peer."""
+        return f"dispatcher at {self.address}"
+
+    def close(self) -> None:
+        """Releases the channel; calling it again does nothing."""
+        if self._channel is None:
+            return
+        if self._shared:
+            shared_channels.release(self.address)
+        else:
+            self._channel.close()
+        self._channel = None
+
+    def __enter__(self) -> "DispatcherClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(
+        self,
+        method: Callable,
+        request,
+        what: str,
+        timeout_s: Optional[float] = None,
+        rpc_timeout_s: Optional[float] = DEFAULT_RPC_TIMEOUT_S,
+    ):
+        return retrying.call(
+            method,
+            request,
+            server=self.server,
+            what=what,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            rpc_timeout_s=rpc_timeout_s,
+        )
+
+    # ---- datasets ----------------------------------------------------------
+
+    def register_dataset(
+        self,
+        graph_def: bytes,
+        metadata: common_pb2.DatasetMetadata,
+        requested_dataset_id: str = "",
+        prepare_workers: bool = False,
+    ) -> str:
+        request = dispatcher_pb2.RegisterDatasetRequest(
+            graph_def=graph_def,
+            metadata=metadata,
+            requested_dataset_id=requested_dataset_id,
+            prepare_workers=prepare_workers,
+        )
+        return self._call(self._stub.RegisterDataset, request, "registering a dataset").dataset_id
+
+    def get_data_service_metadata(self, dataset_id: str) -> common_pb2.DatasetMetadata:
+        request = dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id)
+        what = f"fetching the element spec of dataset {dataset_id!r}"
+        return self._call(self._stub.GetDataServiceMetadata, request, what).metadata
+
+    def get_dataset_def(self, dataset_id: str) -> dispatcher_pb2.GetDatasetDefResponse:
+        request = dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id)
+        return self._call(self._stub.GetDatasetDef, request, f"fetching dataset {dataset_id}")
+
+    # ---- jobs, iterations and their clients -----------------------------------
+
+    def get_or_create_job(
+        self,
+        dataset_id: str,
+        sharding_policy: int,
+        job_name: str = "",
+        num_consumers: int = 0,
+        target_workers: int = common_pb2.TARGET_WORKERS_AUTO,
+    ) -> int:
+        request = dispatcher_pb2.GetOrCreateJobRequest(
+            dataset_id=dataset_id,
+            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=sharding_policy),
+            job_name=job_name,
+            num_consumers=num_consumers,
+            target_workers=target_workers,
+        )
+        return self._call(self._stub.GetOrCreateJob, request, "creating a job").job_id
+
+    def get_or_create_iteration(self, job_id: int, repetition: int) -> dispatcher_pb2.GetOrCreateIterationResponse:
+        request = dispatcher_pb2.GetOrCreateIterationRequest(job_id=job_id, repetition=repetition)
+        return self._call(self._stub.GetOrCreateIteration, request, "creating an iteration")
+
+    def client_heartbeat(
+        self, iteration_client_id: int, current_round: int = 0
+    ) -> dispatcher_pb2.ClientHeartbeatResponse:
+        request = dispatcher_pb2.ClientHeartbeatRequest(
+            iteration_client_id=iteration_client_id, current_round=current_round
+        )
+        return self._call(self._stub.ClientHeartbeat, request, "client heartbeat")
+
+    def release_iteration_client(self, iteration_client_id: int, timeout_s: float) -> None:
+        """One try, no retries: releasing is best effort (a silent client is released after
+        client_timeout_ms anyway)."""
+        request = dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=iteration_client_id)
+        try:
+            self._stub.ReleaseIterationClient(request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise errors.to_tf_error(e, f"releasing iteration client {iteration_client_id} ({self.server})") from None
+
+    def get_workers(self) -> List[dispatcher_pb2.WorkerInfo]:
+        request = dispatcher_pb2.GetWorkersRequest()
+        return list(self._call(self._stub.GetWorkers, request, "listing workers").workers)
+
+    # ---- workers -------------------------------------------------------------
+
+    def worker_heartbeat(
+        self, worker_address: str, transfer_address: str, current_tasks: Sequence[int], timeout_s: float
+    ) -> dispatcher_pb2.WorkerHeartbeatResponse:
+        request = dispatcher_pb2.WorkerHeartbeatRequest(
+            worker_address=worker_address, transfer_address=transfer_address, current_tasks=current_tasks
+        )
+        what = f"worker {worker_address} heartbeat"
+        return self._call(self._stub.WorkerHeartbeat, request, what, timeout_s=timeout_s, rpc_timeout_s=10.0)
+
+    def worker_update(self, worker_address: str, finished_tasks: Sequence[int], timeout_s: float) -> None:
+        request = dispatcher_pb2.WorkerUpdateRequest(worker_address=worker_address, finished_tasks=finished_tasks)
+        self._call(self._stub.WorkerUpdate, request, f"worker {worker_address} task update", timeout_s=timeout_s)
+
+    def get_splits(
+        self, iteration_id: int, task_id: int, split_group: int, repetition: int, index: int
+    ) -> dispatcher_pb2.GetSplitsResponse:
+        request = dispatcher_pb2.GetSplitsRequest(
+            iteration_id=iteration_id, task_id=task_id, split_group=split_group, repetition=repetition, index=index
+        )
+        return self._call(self._stub.GetSplits, request, f"fetching splits for task {task_id}")
