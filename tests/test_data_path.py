@@ -140,7 +140,7 @@ def test_worker_processes_prepare_and_reshuffle_each_epoch_as_locally():
 
 
 def test_workers_keep_freed_memory_on_glibc():
-    code = "from dataservice import malloc_tuning; print(allocator.keep_freed_memory())"
+    code = "from dataservice.transfer import allocator; print(allocator.keep_freed_memory())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "True", result.stderr
 

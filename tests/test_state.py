@@ -2,7 +2,10 @@
 
 import random
 
-from dataservice.dispatcher.state import DispatcherState
+import pytest
+
+from dataservice.dispatcher import state as state_module
+from dataservice.dispatcher.state import DispatcherState, StateInvariantError
 from dataservice.v1 import common_pb2, journal_pb2
 
 
@@ -35,11 +38,11 @@ def _apply_all(updates) -> DispatcherState:
 
 def test_apply_builds_the_objects():
     state = _apply_all(_script())
-    assert set(state.datasets) == {"1", "named"}
-    assert state.dataset_by_fingerprint["f2"] == "named"
+    assert {d.dataset_id for d in state.datasets()} == {"1", "named"}
+    assert state.dataset_with_fingerprint("f2") == "named"
     assert state.next_dataset_id() == "2"
-    assert state.job_by_name == {"train": 1}
-    iteration = state.iterations[1]
+    assert state.job_named("train").job_id == 1 and state.job_named("eval") is None
+    iteration = state.iteration(1)
     assert iteration.task_ids == [1, 2] and iteration.client_ids == {1, 2}
     assert not iteration.finished, "one task is still running"
     assert [t.task_id for t in state.active_tasks_of_worker("w2:1")] == [2]
@@ -49,7 +52,7 @@ def test_apply_builds_the_objects():
 
 def test_iteration_finishes_with_its_last_task():
     state = _apply_all(_script() + [U(finish_task=journal_pb2.FinishTaskUpdate(task_id=2))])
-    assert state.iterations[1].finished
+    assert state.iteration(1).finished
     assert list(state.unfinished_iterations()) == []
 
 
@@ -62,14 +65,14 @@ def test_finish_iteration_stops_its_tasks():
             U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=1)),
         ]
     )
-    assert state.iteration_clients == {}
-    assert state.iterations[1].client_ids == set()
+    assert state.client_ids() == []
+    assert state.iteration(1).client_ids == set()
     assert state.active_tasks_of_worker("w2:1") == []
 
 
 def test_task_def_describes_the_task():
     state = _apply_all(_script())
-    task_def = state.task_def(state.tasks[2])
+    task_def = state.task_def(state.task(2))
     assert (task_def.task_id, task_def.iteration_id, task_def.job_id, task_def.dataset_id) == (2, 1, 1, "1")
     assert task_def.processing_mode.sharding_policy == common_pb2.SHARDING_POLICY_OFF
     assert task_def.worker_address == "w2:1"
@@ -81,6 +84,7 @@ def random_updates(rng: random.Random, length: int):
     next_task, next_iteration, next_client = 3, 2, 3
     clients = {1, 2}
     tasks_on = {"w1:1": [1], "w2:1": [2]}
+    iteration_of = {1: 1, 2: 1}
     lost_tasks = set()
     for _ in range(length):
         choice = rng.random()
@@ -106,6 +110,7 @@ def random_updates(rng: random.Random, length: int):
                 )
             )
             tasks_on[worker].append(next_task)
+            iteration_of[next_task] = updates[-1].create_task.iteration_id
             next_task += 1
         elif choice < 0.55:
             updates.append(
@@ -128,7 +133,8 @@ def random_updates(rng: random.Random, length: int):
             # The dispatcher hands no splits to a task of a lost worker.
             task = rng.choice([t for t in range(next_task) if t not in lost_tasks])
             handed = dict(
-                iteration_id=rng.randrange(1, next_iteration),
+                # Task 0: a range handed out with no task (as a snapshot's split positions are).
+                iteration_id=iteration_of.get(task) or rng.randrange(1, next_iteration),
                 split_group=rng.randrange(2),
                 repetition=rng.randrange(3),
                 task_id=task,
@@ -157,7 +163,7 @@ def random_updates(rng: random.Random, length: int):
             )
         elif choice < 0.79:
             worker = rng.choice(["w1:1", "w2:1"])
-            lost = [t for t in tasks_on[worker][-20:] if rng.random() < 0.5]
+            lost = [t for t in tasks_on[worker][-20:] if t not in lost_tasks and rng.random() < 0.5]
             lost_tasks.update(lost)
             updates.append(U(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=worker, lost_tasks=lost)))
             if rng.random() < 0.5:
@@ -191,7 +197,9 @@ def test_replaying_the_same_updates_gives_the_same_state():
         updates = random_updates(rng, rng.randint(0, 40))
         # Through the journal's byte form, as a restart would read them.
         replayed = [journal_pb2.Update.FromString(u.SerializeToString()) for u in updates]
-        assert comparable(_apply_all(updates)) == comparable(_apply_all(replayed))
+        state = _apply_all(updates)
+        state.validate()
+        assert comparable(state) == comparable(_apply_all(replayed))
 
 
 def test_snapshot_then_replay_equals_full_replay():
@@ -200,7 +208,40 @@ def test_snapshot_then_replay_equals_full_replay():
         updates = random_updates(rng, rng.randint(0, 60))
         cut = rng.randint(0, len(updates))
         snapshot = _apply_all(updates[:cut]).to_updates()
-        assert comparable(_apply_all(snapshot + updates[cut:])) == comparable(_apply_all(updates))
+        restored = _apply_all(snapshot + updates[cut:])
+        restored.validate()
+        assert comparable(restored) == comparable(_apply_all(updates))
+
+
+def test_every_update_kind_has_a_handler():
+    assert set(state_module.update_kinds()) == set(state_module._APPLY)
+    for kind, handler in state_module._APPLY.items():
+        assert handler.__name__ == f"_apply_{kind}", f"{kind} is applied by {handler.__name__}"
+
+
+def test_an_update_with_no_change_is_refused():
+    with pytest.raises(ValueError, match="no change"):
+        DispatcherState().apply(journal_pb2.Update())
+
+
+def test_validate_finds_broken_invariants():
+    state = _apply_all(_script())
+    state.validate()
+    state.iteration(1).task_ids.append(99)
+    with pytest.raises(StateInvariantError, match="task 99"):
+        state.validate()
+    state = _apply_all(_script())
+    state.task(2).lost = True
+    with pytest.raises(StateInvariantError, match="lost but not finished"):
+        state.validate()
+    state = _apply_all(_script())
+    state.iteration(1).client_ids.add(7)
+    with pytest.raises(StateInvariantError, match="client 7"):
+        state.validate()
+    state = _apply_all(_script() + [U(finish_task=journal_pb2.FinishTaskUpdate(task_id=2))])
+    state.iteration(1).finished = False
+    with pytest.raises(StateInvariantError, match="every task finished"):
+        state.validate()
 
 
 def test_round_limits_only_grow():
@@ -216,5 +257,5 @@ def test_round_limits_only_grow():
             ),
         ]
     )
-    assert state.iterations[1].round_limit == 40
-    assert state.task_def(state.tasks[3]).starting_round == 40
+    assert state.iteration(1).round_limit == 40
+    assert state.task_def(state.task(3)).starting_round == 40

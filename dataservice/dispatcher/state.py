@@ -4,27 +4,45 @@ Every change is an Update proto (proto/dataservice/v1/journal.proto). The
 server validates a change, journals the Update, then calls
 DispatcherState.apply(update). Replaying a journal through apply() rebuilds
 the same state, so apply() reads nothing but the update and the state: no
-clock, no I/O, no locks, no randomness. Queries are plain methods.
+clock, no I/O, no locks, no randomness. apply() dispatches through one table
+keyed by the Update's oneof (_APPLY; a test checks it covers every case).
+Callers read the state through query methods; validate() checks the
+invariants that every sequence of updates the dispatcher journals keeps.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NewType, Optional, Set, Tuple
 
 from dataservice.v1 import common_pb2, journal_pb2
+
+# Ids as the journal spells them; distinct types so that a task id is never passed as a job id.
+DatasetId = NewType("DatasetId", str)
+WorkerAddress = NewType("WorkerAddress", str)
+JobId = NewType("JobId", int)
+IterationId = NewType("IterationId", int)
+TaskId = NewType("TaskId", int)
+# A client's membership of one iteration (TensorFlow's iteration client id).
+ClientId = NewType("ClientId", int)
+# distributed_epoch: (task, split group, repetition, range index) of a range handed out.
+SplitKey = Tuple[TaskId, int, int, int]
+
+
+class StateInvariantError(AssertionError):
+    """validate() found the state inconsistent: a bug in apply() or in the updates journaled."""
 
 
 @dataclasses.dataclass
 class Dataset:
-    dataset_id: str
+    dataset_id: DatasetId
     fingerprint: str
     metadata: common_pb2.DatasetMetadata
 
 
 @dataclasses.dataclass
 class Worker:
-    address: str
+    address: WorkerAddress
     transfer_address: str
     # False once the dispatcher gave up on it (no heartbeat for worker_timeout_ms).
     alive: bool = True
@@ -32,8 +50,8 @@ class Worker:
 
 @dataclasses.dataclass
 class Job:
-    job_id: int
-    dataset_id: str
+    job_id: JobId
+    dataset_id: DatasetId
     sharding_policy: int
     job_name: str
     num_consumers: int
@@ -41,22 +59,22 @@ class Job:
     # distributed_epoch: splits in each split group of the pipeline.
     split_group_sizes: List[int] = dataclasses.field(default_factory=list)
     # repetition -> iteration id
-    iterations: Dict[int, int] = dataclasses.field(default_factory=dict)
+    iterations: Dict[int, IterationId] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
 class Iteration:
-    iteration_id: int
-    job_id: int
+    iteration_id: IterationId
+    job_id: JobId
     repetition: int
-    task_ids: List[int] = dataclasses.field(default_factory=list)
-    client_ids: Set[int] = dataclasses.field(default_factory=set)
+    task_ids: List[TaskId] = dataclasses.field(default_factory=list)
+    client_ids: Set[ClientId] = dataclasses.field(default_factory=set)
     # Every task finished, or the iteration was ended early.
     finished: bool = False
     # distributed_epoch: split group -> (repetition, next split index to hand out).
     split_positions: Dict[int, Tuple[int, int]] = dataclasses.field(default_factory=dict)
     # Ranges handed to a task but not started: (task, group, repetition, index) -> (begin, end).
-    outstanding_splits: Dict[Tuple[int, int, int, int], Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    outstanding_splits: Dict[SplitKey, Tuple[int, int]] = dataclasses.field(default_factory=dict)
     # Ranges of lost workers, to hand out again: (group, repetition) -> [(begin, end)].
     returned_splits: Dict[Tuple[int, int], List[Tuple[int, int]]] = dataclasses.field(default_factory=dict)
     # Coordinated reads: clients may read the rounds below this.
@@ -65,9 +83,9 @@ class Iteration:
 
 @dataclasses.dataclass
 class Task:
-    task_id: int
-    iteration_id: int
-    worker_address: str
+    task_id: TaskId
+    iteration_id: IterationId
+    worker_address: WorkerAddress
     finished: bool = False
     # Finished because its worker was lost, not because its data ran out.
     lost: bool = False
@@ -79,40 +97,40 @@ class DispatcherState:
     """Datasets, workers, jobs, iterations, tasks and iteration clients."""
 
     def __init__(self) -> None:
-        self.datasets: Dict[str, Dataset] = {}
-        self.dataset_by_fingerprint: Dict[str, str] = {}
-        self.workers: Dict[str, Worker] = {}
-        self.jobs: Dict[int, Job] = {}
-        self.job_by_name: Dict[str, int] = {}
-        self.iterations: Dict[int, Iteration] = {}
-        self.tasks: Dict[int, Task] = {}
-        self.tasks_by_worker: Dict[str, List[int]] = {}
-        # iteration client id -> iteration id
-        self.iteration_clients: Dict[int, int] = {}
+        self._datasets: Dict[DatasetId, Dataset] = {}
+        self._dataset_by_fingerprint: Dict[str, DatasetId] = {}
+        self._workers: Dict[WorkerAddress, Worker] = {}
+        self._jobs: Dict[JobId, Job] = {}
+        self._job_by_name: Dict[str, JobId] = {}
+        self._iterations: Dict[IterationId, Iteration] = {}
+        self._tasks: Dict[TaskId, Task] = {}
+        self._tasks_by_worker: Dict[WorkerAddress, List[TaskId]] = {}
+        self._iteration_clients: Dict[ClientId, IterationId] = {}
         self._next_ids = {"dataset": 1, "job": 1, "iteration": 1, "task": 1, "client": 1}
 
     # ---- the one mutator -------------------------------------------------
 
     def apply(self, update: journal_pb2.Update) -> None:
         kind = update.WhichOneof("kind")
-        if kind is None:
-            raise ValueError("an Update with no change in it")
-        getattr(self, "_apply_" + kind)(getattr(update, kind))
+        handler = _APPLY.get(kind) if kind is not None else None
+        if handler is None:
+            raise ValueError(f"an Update with no change this state knows ({kind!r})")
+        handler(self, getattr(update, kind))
 
     def _apply_register_dataset(self, u: journal_pb2.RegisterDatasetUpdate) -> None:
         metadata = common_pb2.DatasetMetadata()
         metadata.CopyFrom(u.metadata)
-        self.datasets[u.dataset_id] = Dataset(u.dataset_id, u.fingerprint, metadata)
-        self.dataset_by_fingerprint.setdefault(u.fingerprint, u.dataset_id)
+        self._datasets[u.dataset_id] = Dataset(u.dataset_id, u.fingerprint, metadata)
+        self._dataset_by_fingerprint.setdefault(u.fingerprint, u.dataset_id)
         if u.dataset_id.isdigit():
             self._bump("dataset", int(u.dataset_id))
 
     def _apply_register_worker(self, u: journal_pb2.RegisterWorkerUpdate) -> None:
-        self.workers[u.worker_address] = Worker(u.worker_address, u.transfer_address)
-        self.tasks_by_worker.setdefault(u.worker_address, [])
+        self._workers[u.worker_address] = Worker(u.worker_address, u.transfer_address)
+        self._tasks_by_worker.setdefault(u.worker_address, [])
 
     def _apply_create_job(self, u: journal_pb2.CreateJobUpdate) -> None:
-        self.jobs[u.job_id] = Job(
+        self._jobs[u.job_id] = Job(
             job_id=u.job_id,
             dataset_id=u.dataset_id,
             sharding_policy=u.processing_mode.sharding_policy,
@@ -122,39 +140,39 @@ class DispatcherState:
             split_group_sizes=list(u.split_group_sizes),
         )
         if u.job_name:
-            self.job_by_name[u.job_name] = u.job_id
+            self._job_by_name[u.job_name] = u.job_id
         self._bump("job", u.job_id)
 
     def _apply_create_iteration(self, u: journal_pb2.CreateIterationUpdate) -> None:
-        self.iterations[u.iteration_id] = Iteration(u.iteration_id, u.job_id, u.repetition)
-        self.jobs[u.job_id].iterations[u.repetition] = u.iteration_id
+        self._iterations[u.iteration_id] = Iteration(u.iteration_id, u.job_id, u.repetition)
+        self._jobs[u.job_id].iterations[u.repetition] = u.iteration_id
         self._bump("iteration", u.iteration_id)
 
     def _apply_create_task(self, u: journal_pb2.CreateTaskUpdate) -> None:
-        self.tasks[u.task_id] = Task(u.task_id, u.iteration_id, u.worker_address, starting_round=u.starting_round)
-        self.iterations[u.iteration_id].task_ids.append(u.task_id)
-        self.tasks_by_worker.setdefault(u.worker_address, []).append(u.task_id)
+        self._tasks[u.task_id] = Task(u.task_id, u.iteration_id, u.worker_address, starting_round=u.starting_round)
+        self._iterations[u.iteration_id].task_ids.append(u.task_id)
+        self._tasks_by_worker.setdefault(u.worker_address, []).append(u.task_id)
         self._bump("task", u.task_id)
 
     def _apply_finish_task(self, u: journal_pb2.FinishTaskUpdate) -> None:
-        task = self.tasks[u.task_id]
+        task = self._tasks[u.task_id]
         task.finished = True
-        self._finish_if_done(self.iterations[task.iteration_id])
+        self._finish_if_done(self._iterations[task.iteration_id])
 
     def _apply_acquire_iteration_client(self, u: journal_pb2.AcquireIterationClientUpdate) -> None:
-        self.iteration_clients[u.iteration_client_id] = u.iteration_id
-        self.iterations[u.iteration_id].client_ids.add(u.iteration_client_id)
+        self._iteration_clients[u.iteration_client_id] = u.iteration_id
+        self._iterations[u.iteration_id].client_ids.add(u.iteration_client_id)
         self._bump("client", u.iteration_client_id)
 
     def _apply_release_iteration_client(self, u: journal_pb2.ReleaseIterationClientUpdate) -> None:
-        iteration_id = self.iteration_clients.pop(u.iteration_client_id)
-        self.iterations[iteration_id].client_ids.discard(u.iteration_client_id)
+        iteration_id = self._iteration_clients.pop(u.iteration_client_id)
+        self._iterations[iteration_id].client_ids.discard(u.iteration_client_id)
 
     def _apply_finish_iteration(self, u: journal_pb2.FinishIterationUpdate) -> None:
-        self.iterations[u.iteration_id].finished = True
+        self._iterations[u.iteration_id].finished = True
 
     def _apply_produce_splits(self, u: journal_pb2.ProduceSplitsUpdate) -> None:
-        iteration = self.iterations[u.iteration_id]
+        iteration = self._iterations[u.iteration_id]
         if u.from_pool:
             pool = iteration.returned_splits[(u.split_group, u.repetition)]
             pool.remove((u.begin, u.end))
@@ -168,18 +186,18 @@ class DispatcherState:
 
     def _apply_start_splits(self, u: journal_pb2.StartSplitsUpdate) -> None:
         key = (u.task_id, u.split_group, u.repetition, u.index)
-        self.iterations[u.iteration_id].outstanding_splits.pop(key, None)
+        self._iterations[u.iteration_id].outstanding_splits.pop(key, None)
 
     def _apply_return_splits(self, u: journal_pb2.ReturnSplitsUpdate) -> None:
-        pool = self.iterations[u.iteration_id].returned_splits.setdefault((u.split_group, u.repetition), [])
+        pool = self._iterations[u.iteration_id].returned_splits.setdefault((u.split_group, u.repetition), [])
         pool.append((u.begin, u.end))
 
     def _apply_remove_worker(self, u: journal_pb2.RemoveWorkerUpdate) -> None:
-        self.workers[u.worker_address].alive = False
+        self._workers[u.worker_address].alive = False
         for task_id in u.lost_tasks:
-            task = self.tasks[task_id]
+            task = self._tasks[task_id]
             task.finished = task.lost = True
-            iteration = self.iterations[task.iteration_id]
+            iteration = self._iterations[task.iteration_id]
             for key in sorted(k for k in iteration.outstanding_splits if k[0] == task_id):
                 _, group, repetition, _ = key
                 iteration.returned_splits.setdefault((group, repetition), []).append(
@@ -190,12 +208,12 @@ class DispatcherState:
     def _finish_if_done(self, iteration: Iteration) -> None:
         """An iteration is done when every task finished and one of them ran out of data: if all
         were lost, the iteration waits for workers to (re)register and take it up."""
-        tasks = [self.tasks[t] for t in iteration.task_ids]
+        tasks = [self._tasks[t] for t in iteration.task_ids]
         if all(t.finished for t in tasks) and any(not t.lost for t in tasks):
             iteration.finished = True
 
     def _apply_extend_rounds(self, u: journal_pb2.ExtendRoundsUpdate) -> None:
-        iteration = self.iterations[u.iteration_id]
+        iteration = self._iterations[u.iteration_id]
         iteration.round_limit = max(iteration.round_limit, u.round_limit)
 
     def _apply_reserve_ids(self, u: journal_pb2.ReserveIdsUpdate) -> None:
@@ -211,7 +229,7 @@ class DispatcherState:
         """Updates that, applied to an empty state, rebuild this one (a journal snapshot)."""
         U = journal_pb2.Update
         out: List[journal_pb2.Update] = []
-        for d in self.datasets.values():
+        for d in self._datasets.values():
             out.append(
                 U(
                     register_dataset=journal_pb2.RegisterDatasetUpdate(
@@ -219,7 +237,7 @@ class DispatcherState:
                     )
                 )
             )
-        for w in self.workers.values():
+        for w in self._workers.values():
             out.append(
                 U(
                     register_worker=journal_pb2.RegisterWorkerUpdate(
@@ -227,7 +245,7 @@ class DispatcherState:
                     )
                 )
             )
-        for j in sorted(self.jobs.values(), key=lambda j: j.job_id):
+        for j in sorted(self._jobs.values(), key=lambda j: j.job_id):
             out.append(
                 U(
                     create_job=journal_pb2.CreateJobUpdate(
@@ -241,7 +259,7 @@ class DispatcherState:
                     )
                 )
             )
-        iterations = sorted(self.iterations.values(), key=lambda i: i.iteration_id)
+        iterations = sorted(self._iterations.values(), key=lambda i: i.iteration_id)
         for it in iterations:
             out.append(
                 U(
@@ -266,7 +284,7 @@ class DispatcherState:
                         )
                     )
                 )
-        tasks = sorted(self.tasks.values(), key=lambda t: t.task_id)
+        tasks = sorted(self._tasks.values(), key=lambda t: t.task_id)
         for t in tasks:
             out.append(
                 U(
@@ -319,7 +337,7 @@ class DispatcherState:
         for t in tasks:
             if t.finished and not t.lost:
                 out.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=t.task_id)))
-        for w in self.workers.values():
+        for w in self._workers.values():
             lost = [t.task_id for t in tasks if t.lost and t.worker_address == w.address]
             if lost or not w.alive:
                 out.append(U(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=w.address, lost_tasks=lost)))
@@ -331,7 +349,7 @@ class DispatcherState:
                             )
                         )
                     )
-        for client_id, iteration_id in sorted(self.iteration_clients.items()):
+        for client_id, iteration_id in sorted(self._iteration_clients.items()):
             out.append(
                 U(
                     acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
@@ -357,44 +375,87 @@ class DispatcherState:
         """The id the next created object of `kind` gets (the caller puts it in the Update)."""
         return self._next_ids[kind]
 
-    def next_dataset_id(self) -> str:
+    def next_dataset_id(self) -> DatasetId:
         candidate = self._next_ids["dataset"]
-        while str(candidate) in self.datasets:
+        while str(candidate) in self._datasets:
             candidate += 1
-        return str(candidate)
+        return DatasetId(str(candidate))
+
+    def dataset(self, dataset_id: str) -> Optional[Dataset]:
+        return self._datasets.get(DatasetId(dataset_id))
+
+    def dataset_with_fingerprint(self, fingerprint: str) -> Optional[DatasetId]:
+        """The first dataset registered with this fingerprint (the same pipeline gets the same id)."""
+        return self._dataset_by_fingerprint.get(fingerprint)
+
+    def datasets(self) -> List[Dataset]:
+        return list(self._datasets.values())
+
+    def worker(self, address: str) -> Optional[Worker]:
+        return self._workers.get(WorkerAddress(address))
+
+    def workers(self) -> List[Worker]:
+        """Every worker ever registered, alive or not, in registration order."""
+        return list(self._workers.values())
+
+    def alive_workers(self) -> List[WorkerAddress]:
+        return sorted(a for a, w in self._workers.items() if w.alive)
+
+    def job(self, job_id: int) -> Optional[Job]:
+        return self._jobs.get(JobId(job_id))
+
+    def job_named(self, job_name: str) -> Optional[Job]:
+        job_id = self._job_by_name.get(job_name)
+        return None if job_id is None else self._jobs[job_id]
+
+    def jobs(self) -> List[Job]:
+        return [self._jobs[j] for j in sorted(self._jobs)]
+
+    def iteration(self, iteration_id: int) -> Optional[Iteration]:
+        return self._iterations.get(IterationId(iteration_id))
+
+    def iterations(self) -> List[Iteration]:
+        return [self._iterations[i] for i in sorted(self._iterations)]
+
+    def job_of(self, iteration: Iteration) -> Job:
+        return self._jobs[iteration.job_id]
+
+    def task(self, task_id: int) -> Optional[Task]:
+        return self._tasks.get(TaskId(task_id))
+
+    def client_ids(self) -> List[ClientId]:
+        """The iteration clients that hold an iteration now."""
+        return sorted(self._iteration_clients)
 
     def iteration_of_client(self, iteration_client_id: int) -> Optional[Iteration]:
-        iteration_id = self.iteration_clients.get(iteration_client_id)
-        return None if iteration_id is None else self.iterations[iteration_id]
+        iteration_id = self._iteration_clients.get(ClientId(iteration_client_id))
+        return None if iteration_id is None else self._iterations[iteration_id]
 
     def unfinished_iterations(self) -> Iterator[Iteration]:
-        return (it for it in self.iterations.values() if not it.finished)
+        return (it for it in self._iterations.values() if not it.finished)
 
     def iteration_has_task_on(self, iteration: Iteration, worker_address: str) -> bool:
         """Whether the worker has a task of the iteration that was not lost with an earlier run of it."""
         return any(
-            self.tasks[t].worker_address == worker_address and not self.tasks[t].lost for t in iteration.task_ids
+            self._tasks[t].worker_address == worker_address and not self._tasks[t].lost for t in iteration.task_ids
         )
 
-    def lost_tasks_of(self, worker_address: str) -> List[int]:
+    def lost_tasks_of(self, worker_address: str) -> List[TaskId]:
         """The worker's tasks that a RemoveWorker would lose now."""
-        return [t for t in self.tasks_by_worker.get(worker_address, []) if not self.tasks[t].finished]
-
-    def alive_workers(self) -> List[str]:
-        return sorted(a for a, w in self.workers.items() if w.alive)
+        return [t for t in self._tasks_by_worker.get(WorkerAddress(worker_address), []) if not self._tasks[t].finished]
 
     def active_tasks_of_worker(self, worker_address: str) -> List[Task]:
         """Tasks the worker should be running: not finished, in an unfinished iteration."""
         return [
-            self.tasks[t]
-            for t in self.tasks_by_worker.get(worker_address, [])
-            if not self.tasks[t].finished and not self.iterations[self.tasks[t].iteration_id].finished
+            self._tasks[t]
+            for t in self._tasks_by_worker.get(WorkerAddress(worker_address), [])
+            if not self._tasks[t].finished and not self._iterations[self._tasks[t].iteration_id].finished
         ]
 
     def task_def(self, task: Task, worker_addresses: Tuple[str, ...] = ()) -> common_pb2.TaskDef:
         """The task as a worker needs it; `worker_addresses` (static sharding) gives its shard index."""
-        iteration = self.iterations[task.iteration_id]
-        job = self.jobs[iteration.job_id]
+        iteration = self._iterations[task.iteration_id]
+        job = self._jobs[iteration.job_id]
         static = task.worker_address in worker_addresses
         return common_pb2.TaskDef(
             task_id=task.task_id,
@@ -410,10 +471,166 @@ class DispatcherState:
         )
 
     def split_position(self, iteration: Iteration, group: int) -> Tuple[int, int]:
+        """distributed_epoch: (repetition, next split index) that the group hands out next."""
         return iteration.split_positions.get(group, (0, 0))
 
     def unfinished_task_count(self, iteration: Iteration) -> int:
-        return sum(not self.tasks[t].finished for t in iteration.task_ids)
+        return sum(not self._tasks[t].finished for t in iteration.task_ids)
 
     def task_infos(self, iteration: Iteration) -> List[Tuple[Task, Worker]]:
-        return [(self.tasks[t], self.workers[self.tasks[t].worker_address]) for t in iteration.task_ids]
+        return [(self._tasks[t], self._workers[self._tasks[t].worker_address]) for t in iteration.task_ids]
+
+    def summary(self) -> Dict[str, int]:
+        """Counts of what the state holds, for operators and tests."""
+        return {
+            "datasets": len(self._datasets),
+            "workers": len(self._workers),
+            "alive_workers": sum(w.alive for w in self._workers.values()),
+            "jobs": len(self._jobs),
+            "iterations": len(self._iterations),
+            "unfinished_iterations": sum(not it.finished for it in self._iterations.values()),
+            "tasks": len(self._tasks),
+            "active_tasks": sum(
+                not t.finished and not self._iterations[t.iteration_id].finished for t in self._tasks.values()
+            ),
+            "iteration_clients": len(self._iteration_clients),
+        }
+
+    # ---- invariants --------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raises StateInvariantError naming the first invariant the state breaks.
+
+        The indexes agree with the objects they index, every reference points
+        at an object that exists, lost tasks are finished, an iteration whose
+        tasks all finished with one of them not lost is finished, handed-out
+        ranges belong to tasks of their iteration, and every id in use is below
+        the next id of its kind. O(size of the state): for tests and checks,
+        not for every update."""
+
+        def check(condition: bool, message: str) -> None:
+            if not condition:
+                raise StateInvariantError(message)
+
+        for fingerprint, dataset_id in self._dataset_by_fingerprint.items():
+            dataset = self._datasets.get(dataset_id)
+            check(
+                dataset is not None and dataset.fingerprint == fingerprint,
+                f"fingerprint {fingerprint} indexes dataset {dataset_id!r}, which does not have it",
+            )
+        for dataset in self._datasets.values():
+            check(
+                dataset.fingerprint in self._dataset_by_fingerprint,
+                f"dataset {dataset.dataset_id!r}: its fingerprint is not indexed",
+            )
+        for name, job_id in self._job_by_name.items():
+            check(
+                job_id in self._jobs and self._jobs[job_id].job_name == name,
+                f"job name {name!r} indexes job {job_id}, which is not named so",
+            )
+        for job in self._jobs.values():
+            check(job.job_id < self._next_ids["job"], f"job {job.job_id} is not below the next job id")
+            check(
+                not job.job_name or self._job_by_name.get(job.job_name) == job.job_id,
+                f"job {job.job_id}: its name {job.job_name!r} is not indexed",
+            )
+            for repetition, iteration_id in job.iterations.items():
+                iteration = self._iterations.get(iteration_id)
+                check(
+                    iteration is not None and iteration.job_id == job.job_id and iteration.repetition == repetition,
+                    f"job {job.job_id}: repetition {repetition} names iteration {iteration_id}, not its own",
+                )
+        for iteration in self._iterations.values():
+            check(
+                iteration.iteration_id < self._next_ids["iteration"],
+                f"iteration {iteration.iteration_id} is not below the next iteration id",
+            )
+            job = self._jobs.get(iteration.job_id)
+            check(
+                job is not None and job.iterations.get(iteration.repetition) == iteration.iteration_id,
+                f"iteration {iteration.iteration_id} is not its job's repetition {iteration.repetition}",
+            )
+            check(
+                len(set(iteration.task_ids)) == len(iteration.task_ids),
+                f"iteration {iteration.iteration_id} lists a task twice",
+            )
+            tasks = []
+            for task_id in iteration.task_ids:
+                task = self._tasks.get(task_id)
+                check(
+                    task is not None and task.iteration_id == iteration.iteration_id,
+                    f"iteration {iteration.iteration_id} lists task {task_id}, which is not one of its tasks",
+                )
+                tasks.append(task)
+            if tasks and all(t.finished for t in tasks) and any(not t.lost for t in tasks):
+                check(iteration.finished, f"iteration {iteration.iteration_id}: every task finished, but it did not")
+            for client_id in iteration.client_ids:
+                check(
+                    self._iteration_clients.get(client_id) == iteration.iteration_id,
+                    f"iteration {iteration.iteration_id} lists client {client_id}, which holds another iteration",
+                )
+            for key, (begin, end) in iteration.outstanding_splits.items():
+                task = self._tasks.get(key[0])
+                check(
+                    task is not None and task.iteration_id == iteration.iteration_id and begin <= end,
+                    f"iteration {iteration.iteration_id}: range {key} -> {(begin, end)} is not of one of its tasks",
+                )
+            for key, pool in iteration.returned_splits.items():
+                check(
+                    bool(pool) and all(begin <= end for begin, end in pool),
+                    f"iteration {iteration.iteration_id}: returned ranges {key} are empty or reversed",
+                )
+        for client_id, iteration_id in self._iteration_clients.items():
+            check(client_id < self._next_ids["client"], f"client {client_id} is not below the next client id")
+            iteration = self._iterations.get(iteration_id)
+            check(
+                iteration is not None and client_id in iteration.client_ids,
+                f"client {client_id} holds iteration {iteration_id}, which does not list it",
+            )
+        for task in self._tasks.values():
+            check(task.task_id < self._next_ids["task"], f"task {task.task_id} is not below the next task id")
+            check(
+                task.iteration_id in self._iterations and task.task_id in self._iterations[task.iteration_id].task_ids,
+                f"task {task.task_id} is not listed by its iteration {task.iteration_id}",
+            )
+            check(
+                task.worker_address in self._workers,
+                f"task {task.task_id} runs on unknown worker {task.worker_address}",
+            )
+            check(
+                task.task_id in self._tasks_by_worker.get(task.worker_address, []),
+                f"task {task.task_id} is not indexed under its worker {task.worker_address}",
+            )
+            check(task.finished or not task.lost, f"task {task.task_id} is lost but not finished")
+        for address, task_ids in self._tasks_by_worker.items():
+            check(address in self._workers, f"tasks indexed under unknown worker {address}")
+            for task_id in task_ids:
+                check(
+                    task_id in self._tasks and self._tasks[task_id].worker_address == address,
+                    f"task {task_id} is indexed under worker {address}, which does not run it",
+                )
+
+
+# apply()'s table: one handler per case of the Update oneof.
+_APPLY: Dict[str, Callable[[DispatcherState, Any], None]] = {
+    "register_dataset": DispatcherState._apply_register_dataset,
+    "register_worker": DispatcherState._apply_register_worker,
+    "create_job": DispatcherState._apply_create_job,
+    "create_iteration": DispatcherState._apply_create_iteration,
+    "create_task": DispatcherState._apply_create_task,
+    "finish_task": DispatcherState._apply_finish_task,
+    "acquire_iteration_client": DispatcherState._apply_acquire_iteration_client,
+    "release_iteration_client": DispatcherState._apply_release_iteration_client,
+    "finish_iteration": DispatcherState._apply_finish_iteration,
+    "produce_splits": DispatcherState._apply_produce_splits,
+    "start_splits": DispatcherState._apply_start_splits,
+    "return_splits": DispatcherState._apply_return_splits,
+    "remove_worker": DispatcherState._apply_remove_worker,
+    "extend_rounds": DispatcherState._apply_extend_rounds,
+    "reserve_ids": DispatcherState._apply_reserve_ids,
+}
+
+
+def update_kinds() -> List[str]:
+    """The cases of the Update oneof, as journal.proto declares them."""
+    return [field.name for field in journal_pb2.Update.DESCRIPTOR.oneofs_by_name["kind"].fields]

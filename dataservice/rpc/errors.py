@@ -1,8 +1,8 @@
 """Errors across the RPC boundary.
 
-- ServiceError: how a handler answers with a status code and a message for
-  the user, and the decorator that turns it (or any unexpected exception)
-  into a gRPC status instead of a dead server thread;
+- handler(): the decorator of unary servicer methods that turns a
+  status.ServiceError (or any unexpected exception) into a gRPC status
+  instead of a dead server thread; grpc_code() maps a status.Code;
 - RemoteError: a status that reached a client outside gRPC (the TCP data
   transfer), handled as gRPC's are;
 - to_tf_error(): the TensorFlow error class of a status, as clients raise it.
@@ -16,6 +16,8 @@ from typing import Callable, Optional
 
 import grpc
 import tensorflow as tf
+
+from dataservice import status
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +41,6 @@ _TF_ERRORS = {
 }
 
 
-class ServiceError(Exception):
-    """Raised by an RPC handler to answer with `code` and a message for the user."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 class RemoteError(grpc.RpcError):
     """A status that reached the client outside gRPC (the TCP data transfer), with
     grpc.RpcError's code() and details() so that it is handled as gRPC's are."""
@@ -66,34 +59,27 @@ class RemoteError(grpc.RpcError):
 
 def status_code(value: Optional[int]) -> grpc.StatusCode:
     """The gRPC status code numbered `value` (TensorFlow's error codes are the same numbers), else UNKNOWN."""
-    for status in grpc.StatusCode:
-        if status.value[0] == value:
-            return status
+    for candidate in grpc.StatusCode:
+        if candidate.value[0] == value:
+            return candidate
     return grpc.StatusCode.UNKNOWN
 
 
-def invalid_argument(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def not_found(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.NOT_FOUND, message)
-
-
-def failed_precondition(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, message)
+def grpc_code(code: status.Code) -> grpc.StatusCode:
+    """The gRPC code of a status code (the same number)."""
+    return status_code(int(code))
 
 
 def handler(method: Callable) -> Callable:
-    """Wraps a unary servicer method: ServiceError becomes its status, any other
+    """Wraps a unary servicer method: a status.ServiceError becomes its status, any other
     exception INTERNAL, so that nothing a client sends can kill the server."""
 
     @functools.wraps(method)
     def wrapped(self, request, context: grpc.ServicerContext):
         try:
             return method(self, request, context)
-        except ServiceError as e:
-            context.abort(e.code, e.message)
+        except status.ServiceError as e:
+            context.abort(grpc_code(e.code), e.message)
         except Exception as e:  # noqa: BLE001 - the server must survive any request
             log.exception("%s failed", method.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {e}")

@@ -4,7 +4,7 @@ The client's first request names the task and grants credits; later ones
 grant more. The worker sends at most as many elements as granted, in
 messages of up to max_elements_per_message elements and about
 MAX_BYTES_PER_MESSAGE bytes, and ends with end_of_sequence. A failure ends
-the stream with errors.ServiceError, which each transfer turns into its own status.
+the stream with status.ServiceError, which each transfer turns into its own status.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Tuple
 import grpc
 from google.protobuf.message import Message
 
-from dataservice.rpc import errors
+from dataservice import status
 from dataservice.transfer import wire
 from dataservice.v1 import common_pb2, worker_pb2
 
@@ -42,12 +42,6 @@ LINGER_S = 0.02
 Response = Tuple[Message, List[wire.Buffer]]
 
 
-def grpc_code(error: BaseException) -> grpc.StatusCode:
-    """The gRPC code of a TensorFlow error, else INTERNAL."""
-    code = getattr(error, "error_code", None)
-    return grpc.StatusCode.INTERNAL if code is None else errors.status_code(code)
-
-
 def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
     message = getattr(error, "message", str(error))
     return f"the pipeline of task {task_id} failed on worker {address}: {type(error).__name__}: {message}"
@@ -71,13 +65,13 @@ def stream_task(
     is_active: Callable[[], bool],
 ) -> Iterator[Response]:
     """The responses (header and buffers) of the stream that `request` opens; `later_requests`
-    (read on a thread of its own) grant more credits. Raises errors.ServiceError."""
+    (read on a thread of its own) grant more credits. Raises status.ServiceError."""
     runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
     if runner is None:
         if request.task_id in worker.finished_tasks:
             yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
             return
-        raise errors.ServiceError(grpc.StatusCode.UNAVAILABLE, unknown_task_message(worker.address, request.task_id))
+        raise status.unavailable(unknown_task_message(worker.address, request.task_id))
     credits = _Credits(request.credits)
     threading.Thread(
         target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}", daemon=True
@@ -96,7 +90,8 @@ def stream_task(
                 elements, done = runner.take(min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, linger_s)
                 linger_s = LINGER_S
             except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
-                raise errors.ServiceError(grpc_code(e), pipeline_error(request.task_id, worker.address, e)) from None
+                message = pipeline_error(request.task_id, worker.address, e)
+                raise status.ServiceError(status.code_of(e), message) from None
             credits.spend(len(elements))
             if done:
                 worker.report_finished(request.task_id)
@@ -106,7 +101,7 @@ def stream_task(
                 if done:
                     return
             elif runner.stopped:
-                raise errors.ServiceError(grpc.StatusCode.CANCELLED, stopped_message(request.task_id))
+                raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
     finally:
         credits.close()
 

@@ -13,9 +13,7 @@ import socket
 import threading
 from typing import Callable, Iterator, Set
 
-import grpc
-
-from dataservice.rpc import errors
+from dataservice import status
 from dataservice.transfer import tcp, wire
 from dataservice.v1 import worker_pb2
 from dataservice.worker import streaming
@@ -105,7 +103,7 @@ class TcpTransferServer:
             try:
                 for header, buffers in self._stream_fn(request, requests, lambda: not self._stopped.is_set()):
                     tcp.send_parts(conn, wire.stream_message(header, buffers))
-            except errors.ServiceError as e:
+            except status.ServiceError as e:
                 _send_error(conn, e.code, e.message)
         except OSError as e:
             log.debug("a data transfer connection ended: %s", e)
@@ -118,7 +116,7 @@ class TcpTransferServer:
     def _refuse(conn: socket.socket) -> None:
         try:
             _send_error(
-                conn, grpc.StatusCode.UNAVAILABLE, f"the worker serves {MAX_STREAMS} data streams already: retry later"
+                conn, status.Code.UNAVAILABLE, f"the worker serves {MAX_STREAMS} data streams already: retry later"
             )
         except OSError:
             pass
@@ -126,8 +124,8 @@ class TcpTransferServer:
             _close(conn)
 
 
-def _send_error(conn: socket.socket, code: grpc.StatusCode, message: str) -> None:
-    header = worker_pb2.StreamElementsResponse(error_code=code.value[0], error_message=message)
+def _send_error(conn: socket.socket, code: status.Code, message: str) -> None:
+    header = worker_pb2.StreamElementsResponse(error_code=int(code), error_message=message)
     tcp.send_parts(conn, wire.stream_message(header))
 
 

@@ -19,6 +19,7 @@ from typing import Dict, Optional, Set
 import grpc
 import tensorflow as tf
 
+from dataservice import status
 from dataservice.config import WorkerConfig
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import sharding, splits
@@ -50,14 +51,14 @@ class _WorkerService:
     @errors.handler
     def ProcessTask(self, request, context):
         if not request.task.task_id:
-            raise errors.invalid_argument("ProcessTask needs a task with a task_id")
+            raise status.invalid_argument("ProcessTask needs a task with a task_id")
         self._worker.start_task(request.task)
         return worker_pb2.ProcessTaskResponse()
 
     @errors.handler
     def PrepareDataset(self, request, context):
         if not request.dataset_id:
-            raise errors.invalid_argument("PrepareDataset needs a dataset_id")
+            raise status.invalid_argument("PrepareDataset needs a dataset_id")
         self._worker.prepare_dataset(request.dataset_id)
         return worker_pb2.PrepareDatasetResponse()
 
@@ -68,8 +69,8 @@ class _WorkerService:
         try:
             for header, buffers in streaming.stream_task(self._worker, request, request_iterator, context.is_active):
                 yield wire.frame(header, buffers)
-        except errors.ServiceError as e:
-            context.abort(e.code, e.message)
+        except status.ServiceError as e:
+            context.abort(errors.grpc_code(e.code), e.message)
 
     def GetElement(self, request, context):
         worker = self._worker
@@ -89,7 +90,8 @@ class _WorkerService:
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {request.task_id}: {e}")
         except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
-            context.abort(streaming.grpc_code(e), streaming.pipeline_error(request.task_id, worker.address, e))
+            message = streaming.pipeline_error(request.task_id, worker.address, e)
+            context.abort(errors.grpc_code(status.code_of(e)), message)
         if end:
             return wire.frame(worker_pb2.GetElementResponse(end_of_sequence=True))
         if element is None:

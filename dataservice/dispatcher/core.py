@@ -1,33 +1,48 @@
-"""The dispatcher's RPC handlers.
+"""The dispatcher itself, with no transport in it (as TensorFlow's dispatcher_impl.cc).
 
-Each handler validates its request, turns the change it asks for into Update
-messages and commits them (journal, then DispatcherState.apply) under one
-lock. Liveness (when a client or worker was last heard from) is runtime
+Each request method validates its request, turns the change it asks for into
+Update messages and commits them (journal, then DispatcherState.apply) under
+one lock, and returns the response proto or raises status.ServiceError. The
+gRPC servicer over it only translates. What the core needs from outside is
+injected: the clock (liveness and garbage collection read it), the journal,
+the dataset store, and a WorkerNotifier through which new tasks and datasets
+reach workers before their next heartbeat.
+
+Liveness (when a client or worker was last heard from) is runtime
 bookkeeping, not state: after a restart every peer is given a fresh timeout.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Tuple
 
-import grpc
 import tensorflow as tf
 
+from dataservice import status
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
-from dataservice.dispatcher.state import DispatcherState, Iteration
+from dataservice.dispatcher.state import (
+    ClientId,
+    DatasetId,
+    DispatcherState,
+    IterationId,
+    Job,
+    Task,
+    TaskId,
+    WorkerAddress,
+)
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import sharding, splits
-from dataservice.rpc import channels, errors
-from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, journal_pb2, worker_pb2, worker_pb2_grpc
+from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
 
 log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
 
 # Journal updates between two snapshots.
 DEFAULT_SNAPSHOT_EVERY = 10_000
@@ -35,21 +50,54 @@ DEFAULT_SNAPSHOT_EVERY = 10_000
 DEFAULT_MAX_SPLITS = 1024
 # A range is at most 1/(this x unfinished tasks) of the splits left.
 RANGE_SHARE_DIVISOR = 8
-# Coordinated reads: the fewest rounds granted ahead of the clients, and how many
-# seconds of reading (at the rate the clients report) a grant covers.
+# Coordinated reads: the fewest rounds granted ahead of the clients, how many seconds of
+# reading (at the rate the clients report) a grant covers, and how often the rate is measured.
 MIN_ROUND_WINDOW = 16
 ROUND_WINDOW_S = 4.0
+ROUND_RATE_PERIOD_S = 0.5
 _POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 _TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
 
 
-class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
+class WorkerNotifier(Protocol):
+    """Tells workers at once what their next heartbeat would tell them anyway (best effort)."""
+
+    def process_task(self, worker_address: str, task: common_pb2.TaskDef) -> None: ...
+
+    def prepare_dataset(self, worker_address: str, dataset_id: str) -> None: ...
+
+
+class NoNotifier:
+    """Workers learn everything from their heartbeats."""
+
+    def process_task(self, worker_address: str, task: common_pb2.TaskDef) -> None:
+        pass
+
+    def prepare_dataset(self, worker_address: str, dataset_id: str) -> None:
+        pass
+
+
+def split_range_size(remaining: int, unfinished_tasks: int, max_splits: int) -> int:
+    """How many splits one GetSplits answer hands out: a small share of what is left, so that
+    the last splits spread over the workers and a lost worker takes at most the one range it
+    had started with it; at least 1, at most `max_splits`."""
+    fair = max(1, remaining // (RANGE_SHARE_DIVISOR * max(1, unfinished_tasks)))
+    return min(max_splits, fair)
+
+
+class DispatcherCore:
+    """The dispatcher's request handling and garbage collection; thread-safe."""
+
     def __init__(
         self,
         config: DispatcherConfig,
-        address: Callable[[], str],
+        address: str,
+        *,
         journal: Optional[JournalWriter] = None,
         state: Optional[DispatcherState] = None,
+        datasets: Optional[DatasetStore] = None,
+        notifier: Optional[WorkerNotifier] = None,
+        clock: Clock = time.monotonic,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     ):
         self._config = config
@@ -58,25 +106,30 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         self._snapshot_every = snapshot_every
         self._since_snapshot = 0
         self._state = state or DispatcherState()
-        self._datasets = DatasetStore(config.work_dir)
+        self._datasets = datasets or DatasetStore(config.work_dir)
+        self._notifier: WorkerNotifier = notifier or NoNotifier()
+        self._clock = clock
         self._lock = threading.RLock()
-        now = time.monotonic()
-        self._client_seen: Dict[int, float] = {c: now for c in self._state.iteration_clients}
-        self._worker_seen: Dict[str, float] = {w: now for w in self._state.alive_workers()}
-        self._idle_since: Dict[int, float] = {}
+        now = clock()
+        self._client_seen: Dict[ClientId, float] = {c: now for c in self._state.client_ids()}
+        self._worker_seen: Dict[WorkerAddress, float] = {w: now for w in self._state.alive_workers()}
+        # Named iterations without clients, since when: ended after job_gc_timeout_ms.
+        self._idle_since: Dict[IterationId, float] = {}
         # Coordinated reads: iteration -> (time, round, rounds/s) of the clients' reports.
-        self._round_reports: Dict[int, Tuple[float, int, float]] = {}
-        self._worker_stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
-        self._push_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="task-push")
-        self._stopped = threading.Event()
-        self._gc_thread = threading.Thread(target=self._gc_loop, name="dispatcher-gc", daemon=True)
-        self._gc_thread.start()
+        self._round_reports: Dict[IterationId, Tuple[float, int, float]] = {}
 
-    def stop(self) -> None:
-        self._stopped.set()
-        self._push_pool.shutdown(wait=False, cancel_futures=True)
+    # ---- reading the state ---------------------------------------------------
 
-    # ---- committing changes ---------------------------------------------
+    def summary(self) -> Dict[str, int]:
+        """Counts of datasets, workers, jobs, iterations, tasks and clients."""
+        with self._lock:
+            return self._state.summary()
+
+    def validate(self) -> None:
+        with self._lock:
+            self._state.validate()
+
+    # ---- committing changes ----------------------------------------------------
 
     def _commit(self, **change) -> None:
         """Journals, then applies, one Update. Call with self._lock held."""
@@ -92,57 +145,51 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 self._since_snapshot = 0
 
     def _where(self) -> str:
-        return f"the dispatcher at {self._address()}"
+        return f"the dispatcher at {self._address}"
 
-    # ---- datasets --------------------------------------------------------
+    # ---- datasets --------------------------------------------------------------
 
-    @errors.handler
-    def RegisterDataset(self, request, context):
+    def register_dataset(
+        self, request: dispatcher_pb2.RegisterDatasetRequest
+    ) -> dispatcher_pb2.RegisterDatasetResponse:
         try:
             graph = graph_lib.parse_graph(request.graph_def)
             element_spec = graph_lib.decode_element_spec(request.metadata.element_spec)
             graph_lib.check_element_spec(element_spec)
         except graph_lib.InvalidDatasetError as e:
-            raise errors.invalid_argument(f"cannot register the dataset: {e}") from None
+            raise status.invalid_argument(f"cannot register the dataset: {e}") from None
         except Exception as e:  # noqa: BLE001 - a malformed spec proto raises many kinds
-            raise errors.invalid_argument(f"cannot register the dataset: unreadable element_spec ({e})") from None
+            raise status.invalid_argument(f"cannot register the dataset: unreadable element_spec ({e})") from None
         try:
             graph_lib.dataset_from_graph(request.graph_def, element_spec)
         except (tf.errors.OpError, ValueError, TypeError) as e:
             message = getattr(e, "message", str(e))
-            raise errors.invalid_argument(
+            raise status.invalid_argument(
                 f"cannot register the dataset: its graph does not import ({message})"
             ) from None
         fingerprint = graph_lib.fingerprint(graph)
         requested = request.requested_dataset_id
         with self._lock:
             if requested:
-                existing = self._state.datasets.get(requested)
+                existing = self._state.dataset(requested)
                 if existing is not None:
                     if existing.fingerprint != fingerprint:
-                        raise errors.ServiceError(
-                            grpc.StatusCode.ALREADY_EXISTS,
-                            f"dataset id {requested!r} is already registered with a different dataset",
+                        raise status.already_exists(
+                            f"dataset id {requested!r} is already registered with a different dataset"
                         )
-                    dataset_id = requested
+                    dataset_id = DatasetId(requested)
                 else:
-                    dataset_id = self._register(requested, fingerprint, request)
+                    dataset_id = self._register(DatasetId(requested), fingerprint, request)
             else:
-                dataset_id = self._state.dataset_by_fingerprint.get(fingerprint) or self._register(
+                dataset_id = self._state.dataset_with_fingerprint(fingerprint) or self._register(
                     self._state.next_dataset_id(), fingerprint, request
                 )
             workers = self._state.alive_workers() if request.prepare_workers else []
         for worker_address in workers:
-            self._push(
-                worker_address,
-                "PrepareDataset",
-                worker_pb2.PrepareDatasetRequest(dataset_id=dataset_id),
-                f"dataset {dataset_id}",
-                "its first task will build it",
-            )
+            self._notifier.prepare_dataset(worker_address, dataset_id)
         return dispatcher_pb2.RegisterDatasetResponse(dataset_id=dataset_id)
 
-    def _register(self, dataset_id: str, fingerprint: str, request) -> str:
+    def _register(self, dataset_id: DatasetId, fingerprint: str, request) -> DatasetId:
         """Stores and journals a new dataset. Call with self._lock held."""
         self._datasets.put(dataset_id, request.graph_def)
         self._commit(
@@ -155,52 +202,48 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     def _dataset(self, dataset_id: str):
         if not dataset_id:
-            raise errors.invalid_argument("dataset_id must not be empty")
-        dataset = self._state.datasets.get(dataset_id)
+            raise status.invalid_argument("dataset_id must not be empty")
+        dataset = self._state.dataset(dataset_id)
         if dataset is None:
-            raise errors.not_found(
+            raise status.not_found(
                 f"dataset id {dataset_id!r} is not registered with {self._where()}; "
                 "register it with register_dataset() first"
             )
         return dataset
 
-    @errors.handler
-    def GetDataServiceMetadata(self, request, context):
+    def get_data_service_metadata(self, request: dispatcher_pb2.GetDataServiceMetadataRequest):
         with self._lock:
             return dispatcher_pb2.GetDataServiceMetadataResponse(metadata=self._dataset(request.dataset_id).metadata)
 
-    @errors.handler
-    def GetElementSpec(self, request, context):
+    def get_element_spec(self, request: dispatcher_pb2.GetElementSpecRequest):
         with self._lock:
             spec = self._dataset(request.dataset_id).metadata.element_spec
         return dispatcher_pb2.GetElementSpecResponse(element_spec=spec)
 
-    @errors.handler
-    def GetDatasetDef(self, request, context):
+    def get_dataset_def(self, request: dispatcher_pb2.GetDatasetDefRequest):
         with self._lock:
             metadata = self._dataset(request.dataset_id).metadata
         graph_def = self._datasets.get(request.dataset_id)
         if graph_def is None:
-            raise errors.failed_precondition(
+            raise status.failed_precondition(
                 f"the graph of dataset {request.dataset_id!r} is missing from the work_dir"
             )
         return dispatcher_pb2.GetDatasetDefResponse(graph_def=graph_def, metadata=metadata)
 
-    # ---- jobs and iterations ---------------------------------------------
+    # ---- jobs and iterations ---------------------------------------------------
 
-    @errors.handler
-    def GetOrCreateJob(self, request, context):
+    def get_or_create_job(self, request: dispatcher_pb2.GetOrCreateJobRequest):
         policy = request.processing_mode.sharding_policy
         if policy not in _POLICY_NAMES:
-            raise errors.invalid_argument(f"unknown sharding policy {policy}")
+            raise status.invalid_argument(f"unknown sharding policy {policy}")
         if request.num_consumers < 0:
-            raise errors.invalid_argument(f"num_consumers must be >= 0, got {request.num_consumers}")
+            raise status.invalid_argument(f"num_consumers must be >= 0, got {request.num_consumers}")
         if request.num_consumers and not request.job_name:
-            raise errors.invalid_argument("coordinated reads (num_consumers) need a job_name")
+            raise status.invalid_argument("coordinated reads (num_consumers) need a job_name")
         with self._lock:
             dataset = self._dataset(request.dataset_id)
             if request.num_consumers and dataset.metadata.cardinality != tf.data.INFINITE_CARDINALITY:
-                raise errors.failed_precondition(
+                raise status.failed_precondition(
                     f"coordinated reads (num_consumers) need an infinite dataset, but dataset {request.dataset_id!r} "
                     f"has cardinality {dataset.metadata.cardinality}: add .repeat() to the pipeline, so that no "
                     "consumer runs out of rounds before the others"
@@ -234,14 +277,14 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
             return []
         graph_bytes = self._datasets.get(dataset_id)
         if graph_bytes is None:
-            raise errors.failed_precondition(f"the graph of dataset {dataset_id!r} is missing from the work_dir")
+            raise status.failed_precondition(f"the graph of dataset {dataset_id!r} is missing from the work_dir")
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
             try:
                 return splits.group_sizes(splits.find_sources(graph_lib.parse_graph(graph_bytes)))
             except (splits.UnsplittableDatasetError, graph_lib.InvalidDatasetError) as e:
-                raise errors.invalid_argument(str(e)) from None
+                raise status.invalid_argument(str(e)) from None
         if not self._config.worker_addresses:
-            raise errors.failed_precondition(
+            raise status.failed_precondition(
                 f"sharding policy {_POLICY_NAMES[policy]} needs a dispatcher configured with worker_addresses "
                 "(the fixed list of workers whose index picks each worker's shard)"
             )
@@ -255,7 +298,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
         except tf.errors.OpError as e:
             # TensorFlow's message ends with a dump of the whole source node: keep its first line.
             reason = re.sub(r"\{\{.*?\}\}\s*", "", e.message).split("\n")[0].strip()
-            raise errors.invalid_argument(
+            raise status.invalid_argument(
                 f"cannot shard dataset {dataset_id!r} with policy {_POLICY_NAMES[policy]}: {reason} "
                 "(FILE sharding needs a file-based source such as list_files or TFRecordDataset of a file list; "
                 "DATA or FILE_OR_DATA shard any dataset)"
@@ -264,45 +307,23 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
 
     def _named_job(self, request) -> Optional[int]:
         """The id of the job named in the request, if it exists and matches it. Call with self._lock held."""
-        if not request.job_name or request.job_name not in self._state.job_by_name:
+        job = self._state.job_named(request.job_name) if request.job_name else None
+        if job is None:
             return None
-        job = self._state.jobs[self._state.job_by_name[request.job_name]]
-        self._check_same_job(job, request)
+        _check_same_job(job, request)
         return job.job_id
 
-    @staticmethod
-    def _check_same_job(job, request) -> None:
-        mismatches = []
-        if job.dataset_id != request.dataset_id:
-            mismatches.append(f"dataset {job.dataset_id!r} vs {request.dataset_id!r}")
-        if job.sharding_policy != request.processing_mode.sharding_policy:
-            mismatches.append(
-                f"processing mode {_POLICY_NAMES[job.sharding_policy]} vs "
-                f"{_POLICY_NAMES[request.processing_mode.sharding_policy]}"
-            )
-        if job.num_consumers != request.num_consumers:
-            mismatches.append(f"num_consumers {job.num_consumers} vs {request.num_consumers}")
-        if job.target_workers != request.target_workers:
-            mismatches.append(
-                f"target_workers {_TARGET_NAMES[job.target_workers]} vs {_TARGET_NAMES[request.target_workers]}"
-            )
-        if mismatches:
-            raise errors.invalid_argument(
-                f"job {job.job_name!r} already exists with different arguments: " + "; ".join(mismatches)
-            )
-
-    @errors.handler
-    def GetOrCreateIteration(self, request, context):
+    def get_or_create_iteration(self, request: dispatcher_pb2.GetOrCreateIterationRequest):
         new_tasks: List[common_pb2.TaskDef] = []
         with self._lock:
-            job = self._state.jobs.get(request.job_id)
+            job = self._state.job(request.job_id)
             if job is None:
-                raise errors.not_found(
+                raise status.not_found(
                     f"job {request.job_id} is not known to {self._where()} "
                     "(did the dispatcher restart without fault_tolerant_mode?)"
                 )
             if request.repetition < 0:
-                raise errors.invalid_argument(f"repetition must be >= 0, got {request.repetition}")
+                raise status.invalid_argument(f"repetition must be >= 0, got {request.repetition}")
             iteration_id = job.iterations.get(request.repetition)
             if iteration_id is None:
                 iteration_id = self._state.next_id("iteration")
@@ -312,85 +333,56 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     )
                 )
                 for worker_address in self._state.alive_workers():
-                    new_tasks.append(self._create_task(self._state.iterations[iteration_id], worker_address))
-            client_id = self._state.next_id("client")
+                    new_tasks.append(self._create_task(IterationId(iteration_id), worker_address))
+            client_id = ClientId(self._state.next_id("client"))
             self._commit(
                 acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
                     iteration_client_id=client_id, iteration_id=iteration_id
                 )
             )
-            self._client_seen[client_id] = time.monotonic()
+            self._client_seen[client_id] = self._clock()
             self._idle_since.pop(iteration_id, None)
         for task in new_tasks:
-            self._push(
-                task.worker_address,
-                "ProcessTask",
-                worker_pb2.ProcessTaskRequest(task=task),
-                f"task {task.task_id}",
-                "its heartbeat will deliver it",
-            )
+            self._notifier.process_task(task.worker_address, task)
         return dispatcher_pb2.GetOrCreateIterationResponse(iteration_client_id=client_id, iteration_id=iteration_id)
 
-    def _create_task(self, iteration: Iteration, worker_address: str) -> common_pb2.TaskDef:
+    def _create_task(self, iteration_id: IterationId, worker_address: str) -> common_pb2.TaskDef:
+        iteration = self._state.iteration(iteration_id)
         task_id = self._state.next_id("task")
         # Coordinated reads: no client may have read this round yet, so every
         # client adds the task to its rotation at the same round.
-        coordinated = self._state.jobs[iteration.job_id].num_consumers > 0
+        coordinated = self._state.job_of(iteration).num_consumers > 0
         self._commit(
             create_task=journal_pb2.CreateTaskUpdate(
                 task_id=task_id,
-                iteration_id=iteration.iteration_id,
+                iteration_id=iteration_id,
                 worker_address=worker_address,
                 starting_round=iteration.round_limit if coordinated else 0,
             )
         )
-        return self._task_def(self._state.tasks[task_id])
+        return self._task_def(self._state.task(task_id))
 
-    def _task_def(self, task) -> common_pb2.TaskDef:
+    def _task_def(self, task: Task) -> common_pb2.TaskDef:
         return self._state.task_def(task, tuple(self._config.worker_addresses or ()))
 
-    def _push(self, worker_address: str, method: str, request, what: str, fallback: str) -> None:
-        """Calls a worker's `method` in the background: a new task or dataset reaches it now
-        rather than at its next heartbeat. Best effort: `fallback` says what happens otherwise."""
+    # ---- clients ---------------------------------------------------------------
 
-        def push() -> None:
-            try:
-                getattr(self._worker_stub(worker_address), method)(request, timeout=5)
-            except grpc.RpcError as e:
-                log.info("could not push %s to %s (%s); %s", what, worker_address, e.code().name, fallback)
-
-        try:
-            self._push_pool.submit(push)
-        except RuntimeError:  # the dispatcher is stopping
-            pass
-
-    def _worker_stub(self, address: str) -> worker_pb2_grpc.WorkerServiceStub:
-        with self._lock:
-            stub = self._worker_stubs.get(address)
-            if stub is None:
-                stub = worker_pb2_grpc.WorkerServiceStub(channels.make_channel(address))
-                self._worker_stubs[address] = stub
-            return stub
-
-    # ---- clients ---------------------------------------------------------
-
-    def _client_iteration(self, client_id: int) -> Iteration:
+    def _client_iteration(self, client_id: int):
         iteration = self._state.iteration_of_client(client_id)
         if iteration is None:
-            raise errors.not_found(
+            raise status.not_found(
                 f"iteration client {client_id} is not known to {self._where()}: it was released, timed out, "
                 "or the dispatcher restarted without fault_tolerant_mode"
             )
         return iteration
 
-    @errors.handler
-    def ClientHeartbeat(self, request, context):
+    def client_heartbeat(self, request: dispatcher_pb2.ClientHeartbeatRequest):
         with self._lock:
             iteration = self._client_iteration(request.iteration_client_id)
-            now = time.monotonic()
-            self._client_seen[request.iteration_client_id] = now
-            if self._state.jobs[iteration.job_id].num_consumers:
-                self._extend_rounds(iteration, request.current_round, now)
+            now = self._clock()
+            self._client_seen[ClientId(request.iteration_client_id)] = now
+            if self._state.job_of(iteration).num_consumers:
+                self.extend_rounds(iteration.iteration_id, request.current_round, now)
             response = dispatcher_pb2.ClientHeartbeatResponse(
                 iteration_finished=iteration.finished, round_limit=iteration.round_limit
             )
@@ -404,58 +396,67 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 )
         return response
 
-    def _extend_rounds(self, iteration: Iteration, current_round: int, now: float) -> None:
-        """Grants the iteration's clients rounds ahead of the most advanced of them: a few
-        seconds' worth at the rate they read, journaled only when half the grant is used."""
+    def extend_rounds(self, iteration_id: int, current_round: int, now: float) -> None:
+        """Coordinated reads: grants the iteration's clients rounds ahead of the most advanced of
+        them, a few seconds' worth at the rate they read (at least MIN_ROUND_WINDOW), journaled
+        only when half the grant is used."""
         if current_round < 0:
-            raise errors.invalid_argument(f"current_round must be >= 0, got {current_round}")
-        last_time, last_round, rate = self._round_reports.get(iteration.iteration_id, (now, current_round, 0.0))
-        if now - last_time >= 0.5:
-            rate = max(0, current_round - last_round) / (now - last_time)
-            self._round_reports[iteration.iteration_id] = (now, max(current_round, last_round), rate)
-        elif iteration.iteration_id not in self._round_reports:
-            self._round_reports[iteration.iteration_id] = (now, current_round, 0.0)
-        window = max(MIN_ROUND_WINDOW, int(rate * ROUND_WINDOW_S))
-        if current_round + window // 2 >= iteration.round_limit:
-            self._commit(
-                extend_rounds=journal_pb2.ExtendRoundsUpdate(
-                    iteration_id=iteration.iteration_id, round_limit=current_round + window
+            raise status.invalid_argument(f"current_round must be >= 0, got {current_round}")
+        with self._lock:
+            iteration = self._state.iteration(iteration_id)
+            key = iteration.iteration_id
+            last_time, last_round, rate = self._round_reports.get(key, (now, current_round, 0.0))
+            if now - last_time >= ROUND_RATE_PERIOD_S:
+                rate = max(0, current_round - last_round) / (now - last_time)
+                self._round_reports[key] = (now, max(current_round, last_round), rate)
+            elif key not in self._round_reports:
+                self._round_reports[key] = (now, current_round, 0.0)
+            window = max(MIN_ROUND_WINDOW, int(rate * ROUND_WINDOW_S))
+            if current_round + window // 2 >= iteration.round_limit:
+                self._commit(
+                    extend_rounds=journal_pb2.ExtendRoundsUpdate(iteration_id=key, round_limit=current_round + window)
                 )
-            )
 
-    @errors.handler
-    def ReleaseIterationClient(self, request, context):
+    def release_iteration_client(self, request: dispatcher_pb2.ReleaseIterationClientRequest):
         with self._lock:
             self._client_iteration(request.iteration_client_id)
-            self._release_client(request.iteration_client_id)
+            self._release_client(ClientId(request.iteration_client_id))
         return dispatcher_pb2.ReleaseIterationClientResponse()
 
-    def _release_client(self, client_id: int) -> None:
+    def _release_client(self, client_id: ClientId) -> None:
         iteration = self._state.iteration_of_client(client_id)
         self._commit(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=client_id))
         self._client_seen.pop(client_id, None)
         if iteration.client_ids or iteration.finished:
             return
-        if self._state.jobs[iteration.job_id].job_name:
+        if self._state.job_of(iteration).job_name:
             # Another client may still join a named job: keep it until job_gc_timeout_ms.
-            self._idle_since[iteration.iteration_id] = time.monotonic()
+            self._idle_since[iteration.iteration_id] = self._clock()
         else:
             self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration.iteration_id))
 
-    def _gc_loop(self) -> None:
-        """Releases silent clients and ends named iterations nobody reads."""
-        interval_s = (
-            min(self._config.job_gc_check_interval_ms, self._config.client_timeout_ms, self._config.worker_timeout_ms)
-            / 4000
-        )
-        while not self._stopped.wait(interval_s):
-            try:
-                self._collect_garbage(time.monotonic())
-            except Exception:  # noqa: BLE001 - keep collecting on the next round
-                log.exception("garbage collection failed")
-
-    def _collect_garbage(self, now: float) -> None:
+    def get_workers(self, request: dispatcher_pb2.GetWorkersRequest):
         with self._lock:
+            return dispatcher_pb2.GetWorkersResponse(
+                workers=[
+                    dispatcher_pb2.WorkerInfo(address=w.address, transfer_address=w.transfer_address)
+                    for w in self._state.workers()
+                ]
+            )
+
+    # ---- garbage collection ------------------------------------------------------
+
+    def gc_interval_s(self) -> float:
+        """How often collect_garbage() should run: a quarter of the shortest timeout it enforces."""
+        config = self._config
+        return min(config.job_gc_check_interval_ms, config.client_timeout_ms, config.worker_timeout_ms) / 4000
+
+    def collect_garbage(self) -> None:
+        """Removes workers silent for worker_timeout_ms (their unfinished tasks are lost and their
+        unstarted split ranges return to the pool), releases clients silent for
+        client_timeout_ms, and ends named iterations nobody has read for job_gc_timeout_ms."""
+        with self._lock:
+            now = self._clock()
             for address, seen in list(self._worker_seen.items()):
                 if now - seen > self._config.worker_timeout_ms / 1000:
                     lost = self._state.lost_tasks_of(address)
@@ -465,11 +466,12 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
                     del self._worker_seen[address]
             for client_id, seen in list(self._client_seen.items()):
-                if now - seen > self._config.client_timeout_ms / 1000 and client_id in self._state.iteration_clients:
+                timed_out = now - seen > self._config.client_timeout_ms / 1000
+                if timed_out and self._state.iteration_of_client(client_id) is not None:
                     log.info("releasing iteration client %d: no heartbeat for %.1f s", client_id, now - seen)
                     self._release_client(client_id)
             for iteration_id, since in list(self._idle_since.items()):
-                iteration = self._state.iterations[iteration_id]
+                iteration = self._state.iteration(iteration_id)
                 if iteration.client_ids or iteration.finished:
                     del self._idle_since[iteration_id]
                 elif now - since > self._config.job_gc_timeout_ms / 1000:
@@ -477,32 +479,21 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration_id))
                     del self._idle_since[iteration_id]
 
-    @errors.handler
-    def GetWorkers(self, request, context):
-        with self._lock:
-            return dispatcher_pb2.GetWorkersResponse(
-                workers=[
-                    dispatcher_pb2.WorkerInfo(address=w.address, transfer_address=w.transfer_address)
-                    for w in self._state.workers.values()
-                ]
-            )
+    # ---- workers -----------------------------------------------------------------
 
-    # ---- workers ---------------------------------------------------------
-
-    @errors.handler
-    def WorkerHeartbeat(self, request, context):
-        address = request.worker_address
+    def worker_heartbeat(self, request: dispatcher_pb2.WorkerHeartbeatRequest):
+        address = WorkerAddress(request.worker_address)
         if not address:
-            raise errors.invalid_argument("worker_address must not be empty")
+            raise status.invalid_argument("worker_address must not be empty")
         allowed = self._config.worker_addresses
         if allowed and address not in allowed:
-            raise errors.failed_precondition(
+            raise status.failed_precondition(
                 f"worker {address} is not in the dispatcher's worker_addresses {list(allowed)}: start it with "
                 "one of those addresses (--worker_address) or restart the dispatcher with a list naming it"
             )
         with self._lock:
-            self._worker_seen[address] = time.monotonic()
-            known = self._state.workers.get(address)
+            self._worker_seen[address] = self._clock()
+            known = self._state.worker(address)
             if known is None or not known.alive:
                 self._commit(
                     register_worker=journal_pb2.RegisterWorkerUpdate(
@@ -512,110 +503,134 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 log.info("worker %s registered", address)
                 for iteration in list(self._state.unfinished_iterations()):
                     if not self._state.iteration_has_task_on(iteration, address):
-                        self._create_task(iteration, address)
+                        self._create_task(iteration.iteration_id, address)
             active = {t.task_id: t for t in self._state.active_tasks_of_worker(address)}
             current = set(request.current_tasks)
-            response = dispatcher_pb2.WorkerHeartbeatResponse(
+            return dispatcher_pb2.WorkerHeartbeatResponse(
                 new_tasks=[self._task_def(t) for tid, t in sorted(active.items()) if tid not in current],
                 tasks_to_delete=sorted(current - set(active)),
             )
-        return response
 
-    @errors.handler
-    def WorkerUpdate(self, request, context):
+    def worker_update(self, request: dispatcher_pb2.WorkerUpdateRequest):
         with self._lock:
-            if request.worker_address not in self._state.workers:
-                raise errors.not_found(f"worker {request.worker_address!r} is not registered with {self._where()}")
+            if self._state.worker(request.worker_address) is None:
+                raise status.not_found(f"worker {request.worker_address!r} is not registered with {self._where()}")
             for task_id in request.finished_tasks:
-                task = self._state.tasks.get(task_id)
+                task = self._state.task(task_id)
                 if task is None:
-                    raise errors.not_found(f"task {task_id} is not known to {self._where()}")
+                    raise status.not_found(f"task {task_id} is not known to {self._where()}")
                 if task.worker_address != request.worker_address:
-                    raise errors.invalid_argument(
+                    raise status.invalid_argument(
                         f"task {task_id} belongs to worker {task.worker_address}, not {request.worker_address}"
                     )
                 if not task.finished:
                     self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
         return dispatcher_pb2.WorkerUpdateResponse()
 
-    # ---- distributed_epoch splits -----------------------------------------
+    # ---- distributed_epoch splits --------------------------------------------------
 
-    @errors.handler
-    def GetSplits(self, request, context):
+    def get_splits(self, request: dispatcher_pb2.GetSplitsRequest) -> dispatcher_pb2.GetSplitsResponse:
+        """The next range of splits for a task's source: a retry of the same (group, repetition,
+        index) gets the same range; asking for range k+1 says that range k started; ranges
+        returned by lost workers go out first; otherwise a fair share of what is left."""
         if request.repetition < 0 or request.max_splits < 0:
-            raise errors.invalid_argument("repetition and max_splits must be >= 0")
+            raise status.invalid_argument("repetition and max_splits must be >= 0")
         with self._lock:
-            iteration = self._state.iterations.get(request.iteration_id)
+            iteration = self._state.iteration(request.iteration_id)
             if iteration is None:
-                raise errors.not_found(f"iteration {request.iteration_id} is not known to {self._where()}")
-            job = self._state.jobs[iteration.job_id]
+                raise status.not_found(f"iteration {request.iteration_id} is not known to {self._where()}")
+            job = self._state.job_of(iteration)
             if job.sharding_policy != common_pb2.SHARDING_POLICY_DYNAMIC:
-                raise errors.failed_precondition(
+                raise status.failed_precondition(
                     f"iteration {request.iteration_id} is not a distributed_epoch iteration: it has no splits"
                 )
             if not 0 <= request.split_group < len(job.split_group_sizes):
-                raise errors.invalid_argument(
+                raise status.invalid_argument(
                     f"split group {request.split_group} out of range: the pipeline has {len(job.split_group_sizes)}"
                 )
-            task = self._state.tasks.get(request.task_id)
+            task = self._state.task(request.task_id)
             if task is None or task.iteration_id != iteration.iteration_id:
-                raise errors.invalid_argument(
+                raise status.invalid_argument(
                     f"task {request.task_id} is not a task of iteration {iteration.iteration_id}"
                 )
-            group, repetition, index = request.split_group, request.repetition, request.index
-            key = (task.task_id, group, repetition, index)
-            if index > 0 and (task.task_id, group, repetition, index - 1) in iteration.outstanding_splits:
-                self._commit(
-                    start_splits=journal_pb2.StartSplitsUpdate(
-                        iteration_id=iteration.iteration_id,
-                        task_id=task.task_id,
-                        split_group=group,
-                        repetition=repetition,
-                        index=index - 1,
-                    )
+            return self._next_splits(job, iteration, task.task_id, request)
+
+    def _next_splits(self, job: Job, iteration, task_id: TaskId, request) -> dispatcher_pb2.GetSplitsResponse:
+        group, repetition, index = request.split_group, request.repetition, request.index
+        key = (task_id, group, repetition, index)
+        if index > 0 and (task_id, group, repetition, index - 1) in iteration.outstanding_splits:
+            self._commit(
+                start_splits=journal_pb2.StartSplitsUpdate(
+                    iteration_id=iteration.iteration_id,
+                    task_id=task_id,
+                    split_group=group,
+                    repetition=repetition,
+                    index=index - 1,
                 )
-            if key in iteration.outstanding_splits:  # a retry: the same answer again
-                begin, end = iteration.outstanding_splits[key]
-                return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
-            if iteration.finished or task.finished:
-                return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-            pool = iteration.returned_splits.get((group, repetition))
-            if pool:
-                begin, end = pool[0]
-                self._commit(
-                    produce_splits=journal_pb2.ProduceSplitsUpdate(
-                        iteration_id=iteration.iteration_id,
-                        split_group=group,
-                        repetition=repetition,
-                        begin=begin,
-                        end=end,
-                        task_id=task.task_id,
-                        index=index,
-                        from_pool=True,
-                    )
-                )
-                return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
-            current, begin = self._state.split_position(iteration, group)
-            if repetition < current:
-                return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-            if repetition > current:
-                begin = 0
-            remaining = job.split_group_sizes[group] - begin
-            if remaining <= 0:
-                return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-            # Ranges are a small share of what is left: the last splits spread over the workers,
-            # and a lost worker takes at most the one range it had started with it.
-            fair = max(1, remaining // (RANGE_SHARE_DIVISOR * max(1, self._state.unfinished_task_count(iteration))))
-            count = min(request.max_splits or DEFAULT_MAX_SPLITS, fair)
+            )
+        if key in iteration.outstanding_splits:  # a retry: the same answer again
+            begin, end = iteration.outstanding_splits[key]
+            return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
+        if iteration.finished or self._state.task(task_id).finished:
+            return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
+        pool = iteration.returned_splits.get((group, repetition))
+        if pool:
+            begin, end = pool[0]
             self._commit(
                 produce_splits=journal_pb2.ProduceSplitsUpdate(
                     iteration_id=iteration.iteration_id,
                     split_group=group,
                     repetition=repetition,
                     begin=begin,
-                    end=begin + count,
-                    task_id=task.task_id,
+                    end=end,
+                    task_id=task_id,
                     index=index,
+                    from_pool=True,
                 )
             )
+            return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
+        current, begin = self._state.split_position(iteration, group)
+        if repetition < current:
+            return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
+        if repetition > current:
+            begin = 0
+        remaining = job.split_group_sizes[group] - begin
+        if remaining <= 0:
+            return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
+        count = split_range_size(
+            remaining, self._state.unfinished_task_count(iteration), request.max_splits or DEFAULT_MAX_SPLITS
+        )
+        self._commit(
+            produce_splits=journal_pb2.ProduceSplitsUpdate(
+                iteration_id=iteration.iteration_id,
+                split_group=group,
+                repetition=repetition,
+                begin=begin,
+                end=begin + count,
+                task_id=task_id,
+                index=index,
+            )
+        )
         return dispatcher_pb2.GetSplitsResponse(begin=begin, end=begin + count)
+
+
+def _check_same_job(job: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:
+    """A request for an existing named job must ask for the same job; the error names every mismatch."""
+    mismatches = []
+    if job.dataset_id != request.dataset_id:
+        mismatches.append(f"dataset {job.dataset_id!r} vs {request.dataset_id!r}")
+    if job.sharding_policy != request.processing_mode.sharding_policy:
+        mismatches.append(
+            f"processing mode {_POLICY_NAMES[job.sharding_policy]} vs "
+            f"{_POLICY_NAMES[request.processing_mode.sharding_policy]}"
+        )
+    if job.num_consumers != request.num_consumers:
+        mismatches.append(f"num_consumers {job.num_consumers} vs {request.num_consumers}")
+    if job.target_workers != request.target_workers:
+        mismatches.append(
+            f"target_workers {_TARGET_NAMES[job.target_workers]} vs {_TARGET_NAMES[request.target_workers]}"
+        )
+    if mismatches:
+        raise status.invalid_argument(
+            f"job {job.job_name!r} already exists with different arguments: " + "; ".join(mismatches)
+        )

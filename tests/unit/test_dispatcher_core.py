@@ -1,0 +1,262 @@
+"""The dispatcher core without a server: split allocation, round extension and garbage
+collection, driven request by request on a fake clock."""
+
+from typing import List, Tuple
+
+import pytest
+import tensorflow as tf
+
+from dataservice import status
+from dataservice.config import DispatcherConfig
+from dataservice.dispatcher.core import MIN_ROUND_WINDOW, DispatcherCore, split_range_size
+from dataservice.pipeline import graph as graph_lib
+from dataservice.v1 import common_pb2, dispatcher_pb2
+
+DYNAMIC = common_pb2.SHARDING_POLICY_DYNAMIC
+OFF = common_pb2.SHARDING_POLICY_OFF
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class RecordingNotifier:
+    def __init__(self) -> None:
+        self.tasks: List[Tuple[str, int]] = []
+        self.datasets: List[Tuple[str, str]] = []
+
+    def process_task(self, worker_address, task) -> None:
+        self.tasks.append((worker_address, task.task_id))
+
+    def prepare_dataset(self, worker_address, dataset_id) -> None:
+        self.datasets.append((worker_address, dataset_id))
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def notifier():
+    return RecordingNotifier()
+
+
+def make_core(clock, notifier, **config) -> DispatcherCore:
+    config.setdefault("worker_timeout_ms", 2000)
+    config.setdefault("client_timeout_ms", 3000)
+    config.setdefault("job_gc_timeout_ms", 5000)
+    return DispatcherCore(DispatcherConfig(**config), "test:0", clock=clock, notifier=notifier)
+
+
+def register(core: DispatcherCore, dataset: tf.data.Dataset, prepare_workers: bool = False) -> str:
+    metadata = common_pb2.DatasetMetadata(
+        element_spec=graph_lib.encode_element_spec(dataset.element_spec), cardinality=int(dataset.cardinality())
+    )
+    request = dispatcher_pb2.RegisterDatasetRequest(
+        graph_def=graph_lib.serialize_dataset(dataset), metadata=metadata, prepare_workers=prepare_workers
+    )
+    return core.register_dataset(request).dataset_id
+
+
+def heartbeat(core: DispatcherCore, worker: str, current: Tuple[int, ...] = ()):
+    return core.worker_heartbeat(dispatcher_pb2.WorkerHeartbeatRequest(worker_address=worker, current_tasks=current))
+
+
+def start_iteration(core, dataset_id, policy=OFF, job_name="", num_consumers=0, repetition=0):
+    job = core.get_or_create_job(
+        dispatcher_pb2.GetOrCreateJobRequest(
+            dataset_id=dataset_id,
+            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=policy),
+            job_name=job_name,
+            num_consumers=num_consumers,
+        )
+    )
+    return core.get_or_create_iteration(
+        dispatcher_pb2.GetOrCreateIterationRequest(job_id=job.job_id, repetition=repetition)
+    )
+
+
+def client_heartbeat(core, client_id, current_round=0):
+    return core.client_heartbeat(
+        dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client_id, current_round=current_round)
+    )
+
+
+def splits(core, iteration_id, task_id, index, repetition=0, max_splits=0) -> Tuple[int, int, bool]:
+    response = core.get_splits(
+        dispatcher_pb2.GetSplitsRequest(
+            iteration_id=iteration_id,
+            task_id=task_id,
+            split_group=0,
+            repetition=repetition,
+            index=index,
+            max_splits=max_splits,
+        )
+    )
+    return response.begin, response.end, response.end_of_splits
+
+
+def tasks_by_worker(core, client_id) -> dict:
+    return {t.worker_address: t.task_id for t in client_heartbeat(core, client_id).tasks}
+
+
+def test_split_range_size_is_a_fair_share_of_what_is_left():
+    assert split_range_size(remaining=1000, unfinished_tasks=2, max_splits=1024) == 62
+    assert split_range_size(remaining=1000, unfinished_tasks=2, max_splits=10) == 10
+    assert split_range_size(remaining=5, unfinished_tasks=4, max_splits=1024) == 1
+    assert split_range_size(remaining=10**6, unfinished_tasks=0, max_splits=1024) == 1024
+
+
+def test_new_iteration_pushes_tasks_to_the_alive_workers(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    dataset_id = register(core, tf.data.Dataset.range(10), prepare_workers=True)
+    assert sorted(notifier.datasets) == [("w1:1", dataset_id), ("w2:1", dataset_id)]
+    iteration = start_iteration(core, dataset_id)
+    assert sorted(w for w, _ in notifier.tasks) == ["w1:1", "w2:1"]
+    assert core.summary()["active_tasks"] == 2
+    # A heartbeat that already runs its task gets nothing new; one that does not gets it.
+    running = dict(notifier.tasks)
+    assert not heartbeat(core, "w1:1", current=(running["w1:1"],)).new_tasks
+    assert [t.iteration_id for t in heartbeat(core, "w2:1").new_tasks] == [iteration.iteration_id]
+    core.validate()
+
+
+def test_splits_are_fair_shares_and_retries_get_the_same_range(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    iteration = start_iteration(core, register(core, tf.data.Dataset.range(1000)), DYNAMIC)
+    tasks = tasks_by_worker(core, iteration.iteration_client_id)
+    first = splits(core, iteration.iteration_id, tasks["w1:1"], index=0)
+    assert first == (0, 62, False)
+    assert splits(core, iteration.iteration_id, tasks["w1:1"], index=0) == first, "a retry gets the same range"
+    second = splits(core, iteration.iteration_id, tasks["w2:1"], index=0)
+    assert second == (62, 62 + 58, False), "the next share of the 938 left"
+    assert splits(core, iteration.iteration_id, tasks["w2:1"], index=1, max_splits=5)[:2] == (120, 125)
+    core.validate()
+
+
+def test_a_lost_workers_unstarted_range_goes_to_the_next_worker(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    iteration = start_iteration(core, register(core, tf.data.Dataset.range(1000)), DYNAMIC)
+    it = iteration.iteration_id
+    tasks = tasks_by_worker(core, iteration.iteration_client_id)
+    splits(core, it, tasks["w2:1"], index=0)  # (0, 62) handed to w2
+    splits(core, it, tasks["w2:1"], index=1)  # so (0, 62) started; (62, 120) handed, not started
+    clock.advance(1.5)
+    heartbeat(core, "w1:1")  # w1 stays alive, w2 goes silent
+    clock.advance(1.0)
+    core.collect_garbage()
+    assert core.summary()["alive_workers"] == 1
+    lost = [t for t in client_heartbeat(core, iteration.iteration_client_id).tasks if t.task_id == tasks["w2:1"]]
+    assert lost[0].finished
+    assert splits(core, it, tasks["w1:1"], index=0) == (62, 120, False), "the returned range first"
+    assert splits(core, it, tasks["w1:1"], index=1)[:2] == (120, 120 + 880 // 8)
+    core.validate()
+
+
+def test_splits_end_after_the_last_one(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    iteration = start_iteration(core, register(core, tf.data.Dataset.range(3)), DYNAMIC)
+    task = tasks_by_worker(core, iteration.iteration_client_id)["w1:1"]
+    handed = [splits(core, iteration.iteration_id, task, index=i) for i in range(4)]
+    assert handed == [(0, 1, False), (1, 2, False), (2, 3, False), (0, 0, True)]
+    with pytest.raises(status.ServiceError) as info:
+        splits(core, iteration.iteration_id, task + 100, index=0)
+    assert info.value.code == status.Code.INVALID_ARGUMENT
+
+
+def test_rounds_are_granted_ahead_at_the_rate_clients_read(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    dataset_id = register(core, tf.data.Dataset.range(10).repeat())
+    iteration = start_iteration(core, dataset_id, job_name="coordinated", num_consumers=2)
+    client = iteration.iteration_client_id
+    assert client_heartbeat(core, client, current_round=0).round_limit == MIN_ROUND_WINDOW
+    # Half the window used: a new grant, still the minimum (no rate measured yet).
+    assert client_heartbeat(core, client, current_round=8).round_limit == 8 + MIN_ROUND_WINDOW
+    clock.advance(1.0)  # 108 rounds in the second since the first report: a 4 s window is 432 rounds
+    assert client_heartbeat(core, client, current_round=108).round_limit == 108 + 432
+    clock.advance(1.0)
+    assert client_heartbeat(core, client, current_round=150).round_limit == 540, "not half used: no new grant"
+    with pytest.raises(status.ServiceError, match="current_round"):
+        client_heartbeat(core, client, current_round=-1)
+
+
+def test_a_worker_joining_coordinated_reads_starts_after_the_grant(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    iteration = start_iteration(core, register(core, tf.data.Dataset.range(10).repeat()), job_name="c", num_consumers=1)
+    limit = client_heartbeat(core, iteration.iteration_client_id, current_round=3).round_limit
+    (task,) = heartbeat(core, "w2:1").new_tasks
+    assert task.starting_round == limit
+
+
+def test_an_anonymous_iteration_ends_when_its_client_releases_it(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    iteration = start_iteration(core, register(core, tf.data.Dataset.range(10)))
+    core.release_iteration_client(
+        dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=iteration.iteration_client_id)
+    )
+    assert core.summary()["unfinished_iterations"] == 0
+    assert heartbeat(core, "w1:1", current=(1,)).tasks_to_delete == [1]
+
+
+def test_named_iterations_wait_job_gc_timeout_for_another_client(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    iteration = start_iteration(core, register(core, tf.data.Dataset.range(10)), job_name="shared")
+    core.release_iteration_client(
+        dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=iteration.iteration_client_id)
+    )
+    clock.advance(4.0)
+    heartbeat(core, "w1:1", current=(1,))
+    core.collect_garbage()
+    assert core.summary()["unfinished_iterations"] == 1, "kept for job_gc_timeout_ms"
+    clock.advance(1.5)
+    heartbeat(core, "w1:1", current=(1,))
+    core.collect_garbage()
+    assert core.summary()["unfinished_iterations"] == 0
+
+
+def test_a_silent_client_is_released_and_a_live_one_kept(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    dataset_id = register(core, tf.data.Dataset.range(10))
+    silent = start_iteration(core, dataset_id, job_name="job").iteration_client_id
+    live = start_iteration(core, dataset_id, job_name="job").iteration_client_id
+    for _ in range(4):
+        clock.advance(1.0)
+        client_heartbeat(core, live)
+        heartbeat(core, "w1:1", current=(1,))
+        core.collect_garbage()
+    assert core.summary()["iteration_clients"] == 1
+    with pytest.raises(status.ServiceError) as info:
+        client_heartbeat(core, silent)
+    assert info.value.code == status.Code.NOT_FOUND
+    client_heartbeat(core, live)
+    core.validate()
+
+
+def test_unknown_objects_are_not_found_with_the_dispatchers_address(clock, notifier):
+    core = make_core(clock, notifier)
+    with pytest.raises(status.ServiceError, match="the dispatcher at test:0") as info:
+        core.get_or_create_iteration(dispatcher_pb2.GetOrCreateIterationRequest(job_id=5))
+    assert info.value.code == status.Code.NOT_FOUND
+    with pytest.raises(status.ServiceError) as info:
+        core.get_data_service_metadata(dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=""))
+    assert info.value.code == status.Code.INVALID_ARGUMENT
