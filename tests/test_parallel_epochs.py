@@ -164,12 +164,12 @@ def test_abandoned_iteration_stops_its_tasks(cluster):
     iterator = iter(ds)
     assert int(next(iterator)) == 0
     worker = cluster.workers[0]
-    assert len(worker._runners) == 1
+    assert len(worker.running_tasks()) == 1
     del iterator
     deadline = time.monotonic() + 20
-    while worker._runners and time.monotonic() < deadline:
+    while worker.running_tasks() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not worker._runners, "the task of a released anonymous iteration kept running"
+    assert not worker.running_tasks(), "the task of a released anonymous iteration kept running"
 
 
 def test_named_job_is_shared_between_clients(cluster):

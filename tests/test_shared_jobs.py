@@ -287,11 +287,11 @@ def test_named_iteration_without_clients_is_released_after_job_gc_timeout():
             tf.data.Dataset.range(10**9).apply(service.distribute("parallel_epochs", cluster.target, job_name="gc"))
         )
         next(iterator)
-        assert len(worker._runners) == 1
+        assert len(worker.running_tasks()) == 1
         del iterator
         time.sleep(0.8)
-        assert len(worker._runners) == 1, "a named job waits job_gc_timeout_ms for another client"
-        _wait_until(lambda: not worker._runners, 20, "the idle named iteration kept its task")
+        assert len(worker.running_tasks()) == 1, "a named job waits job_gc_timeout_ms for another client"
+        _wait_until(lambda: not worker.running_tasks(), 20, "the idle named iteration kept its task")
     finally:
         cluster.stop()
 
@@ -301,11 +301,11 @@ def test_vanished_client_is_released_after_client_timeout():
     try:
         worker = cluster.workers[0]
         client = _client_process(n=10**9, sleep_us=1000, target=cluster.target, kwargs={})
-        _wait_until(lambda: worker._runners, 60, "the client process never started its job")
+        _wait_until(lambda: worker.running_tasks(), 60, "the client process never started its job")
         time.sleep(1.0)
         client.send_signal(signal.SIGKILL)
         client.wait(10)
-        _wait_until(lambda: not worker._runners, 20, "the task of a SIGKILLed client kept running")
+        _wait_until(lambda: not worker.running_tasks(), 20, "the task of a SIGKILLed client kept running")
     finally:
         cluster.stop()
 

@@ -9,8 +9,9 @@ the stream with status.ServiceError, which each transfer turns into its own stat
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, List, Tuple
+from typing import Callable, Iterator, List, Tuple
 
 import grpc
 from google.protobuf.message import Message
@@ -18,9 +19,7 @@ from google.protobuf.message import Message
 from dataservice import status
 from dataservice.transfer import wire
 from dataservice.v1 import common_pb2, worker_pb2
-
-if TYPE_CHECKING:
-    from dataservice.worker.worker_server import WorkerServer
+from dataservice.worker.task_book import TaskBook
 
 DEFAULT_MAX_ELEMENTS_PER_MESSAGE = 1024
 # Measured on loopback with 1 MiB elements (time to the last element): 512 KiB messages
@@ -38,8 +37,22 @@ _TAKE_POLL_S = 0.5
 # took 0.37 of a client core, 20 ms (10 a message) 0.16, at the same or a higher rate.
 LINGER_S = 0.02
 
+# Coordinated reads: how long a GetElement waits for the other consumers before
+# it answers not_ready (the client asks again).
+ROUND_WAIT_S = 2.0
+
 # A response header and the buffers that follow it.
 Response = Tuple[Message, List[wire.Buffer]]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamContext:
+    """What serving a task's elements needs from its worker: its address (for messages), its
+    tasks, and how to report a task whose elements were all handed out."""
+
+    worker_address: str
+    tasks: TaskBook
+    report_finished: Callable[[int], None]
 
 
 def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
@@ -59,19 +72,19 @@ def stopped_message(task_id: int) -> str:
 
 
 def stream_task(
-    worker: "WorkerServer",
+    worker: StreamContext,
     request: worker_pb2.StreamElementsRequest,
     later_requests: Iterator[worker_pb2.StreamElementsRequest],
     is_active: Callable[[], bool],
 ) -> Iterator[Response]:
     """The responses (header and buffers) of the stream that `request` opens; `later_requests`
     (read on a thread of its own) grant more credits. Raises status.ServiceError."""
-    runner = worker.wait_for_task(request.task_id, UNKNOWN_TASK_WAIT_S)
+    runner = worker.tasks.wait_for(request.task_id, UNKNOWN_TASK_WAIT_S)
     if runner is None:
-        if request.task_id in worker.finished_tasks:
+        if worker.tasks.is_finished(request.task_id):
             yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
             return
-        raise status.unavailable(unknown_task_message(worker.address, request.task_id))
+        raise status.unavailable(unknown_task_message(worker.worker_address, request.task_id))
     credits = _Credits(request.credits)
     threading.Thread(
         target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}", daemon=True
@@ -90,7 +103,7 @@ def stream_task(
                 elements, done = runner.take(min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, linger_s)
                 linger_s = LINGER_S
             except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
-                message = pipeline_error(request.task_id, worker.address, e)
+                message = pipeline_error(request.task_id, worker.worker_address, e)
                 raise status.ServiceError(status.code_of(e), message) from None
             credits.spend(len(elements))
             if done:
@@ -104,6 +117,38 @@ def stream_task(
                 raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
     finally:
         credits.close()
+
+
+def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) -> Response:
+    """Coordinated reads: consumer `request.consumer_index`'s element of round `request.round`
+    of the task, or not_ready when the other consumers have not asked for the round yet
+    (within ROUND_WAIT_S), or end_of_sequence. Raises status.ServiceError."""
+    runner = worker.tasks.wait_for(request.task_id, UNKNOWN_TASK_WAIT_S)
+    if runner is None:
+        if worker.tasks.is_finished(request.task_id):
+            return worker_pb2.GetElementResponse(end_of_sequence=True), []
+        raise status.unavailable(unknown_task_message(worker.worker_address, request.task_id))
+    rounds = worker.tasks.round_robin(request.task_id)
+    if rounds is None:
+        raise status.failed_precondition(
+            f"task {request.task_id} is not a coordinated-reads task: read it with StreamElements"
+        )
+    try:
+        element, end = rounds.get(request.consumer_index, request.round, ROUND_WAIT_S)
+    except ValueError as e:
+        raise status.invalid_argument(f"task {request.task_id}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
+        raise status.ServiceError(
+            status.code_of(e), pipeline_error(request.task_id, worker.worker_address, e)
+        ) from None
+    if end:
+        return worker_pb2.GetElementResponse(end_of_sequence=True), []
+    if element is None:
+        if runner.stopped:
+            raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
+        return worker_pb2.GetElementResponse(not_ready=True), []
+    (chunk,), buffers = runner.codec.encode([element], request.compression == common_pb2.COMPRESSION_AUTO)
+    return worker_pb2.GetElementResponse(chunk=chunk), buffers
 
 
 class _Credits:

@@ -1,0 +1,122 @@
+"""A worker's tasks: running, finished, and finished but not yet reported to the dispatcher.
+
+One lock guards all three, so that a task is never both running and finished
+and a stream waiting for a task wakes as soon as it starts. The book holds
+no threads and makes no calls: the worker starts and stops runners and talks
+to the dispatcher; streams look tasks up here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+from dataservice.worker.round_robin import RoundRobinServer
+from dataservice.worker.task_runner import TaskRunner
+
+# How often a stream waiting for an unknown task asks again for a heartbeat.
+_WAIT_POLL_S = 0.2
+
+
+class TaskBook:
+    """`on_unknown_task` is called while a stream waits for a task the worker has not heard
+    of (the worker then heartbeats at once rather than at its next interval)."""
+
+    def __init__(self, on_unknown_task: Callable[[], None] = lambda: None):
+        self._on_unknown_task = on_unknown_task
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._runners: Dict[int, TaskRunner] = {}
+        self._round_robins: Dict[int, RoundRobinServer] = {}
+        self._finished: Set[int] = set()
+        self._unreported: Set[int] = set()
+        self._closed = False
+
+    def is_known(self, task_id: int) -> bool:
+        """Running or finished (or the book is closed): starting it again would be wrong."""
+        with self._lock:
+            return self._closed or task_id in self._runners or task_id in self._finished
+
+    def add(
+        self, task_id: int, start: Callable[[], Tuple[TaskRunner, Optional[RoundRobinServer]]]
+    ) -> Optional[TaskRunner]:
+        """Starts a task with `start` (called under the lock, so a task is never started twice)
+        and records its runner and round server; None if it is known already."""
+        with self._lock:
+            if self._closed or task_id in self._runners or task_id in self._finished:
+                return None
+            runner, round_robin = start()
+            self._runners[task_id] = runner
+            if round_robin is not None:
+                self._round_robins[task_id] = round_robin
+            self._changed.notify_all()
+            return runner
+
+    def finish(self, task_id: int) -> Optional[TaskRunner]:
+        """Marks the task finished (its data handed out) and to be reported; returns its runner
+        for the caller to stop, or None if it had finished already."""
+        with self._lock:
+            if task_id in self._finished:
+                return None
+            self._finished.add(task_id)
+            self._unreported.add(task_id)
+            self._round_robins.pop(task_id, None)
+            runner = self._runners.pop(task_id, None)
+            self._changed.notify_all()
+            return runner
+
+    def remove(self, task_id: int) -> Optional[TaskRunner]:
+        """Forgets a running task the dispatcher stopped; returns its runner for the caller to stop."""
+        with self._lock:
+            self._round_robins.pop(task_id, None)
+            return self._runners.pop(task_id, None)
+
+    def close(self) -> List[TaskRunner]:
+        """Forgets every running task and refuses new ones; returns the runners to stop."""
+        with self._lock:
+            self._closed = True
+            runners = list(self._runners.values())
+            self._runners.clear()
+            self._round_robins.clear()
+            self._changed.notify_all()
+            return runners
+
+    def is_finished(self, task_id: int) -> bool:
+        with self._lock:
+            return task_id in self._finished
+
+    def runner(self, task_id: int) -> Optional[TaskRunner]:
+        with self._lock:
+            return self._runners.get(task_id)
+
+    def round_robin(self, task_id: int) -> Optional[RoundRobinServer]:
+        """The round server of a coordinated-reads task (None for other tasks)."""
+        with self._lock:
+            return self._round_robins.get(task_id)
+
+    def running(self) -> List[int]:
+        """Ids of the running tasks, in order."""
+        with self._lock:
+            return sorted(self._runners)
+
+    def unreported(self) -> List[int]:
+        with self._lock:
+            return sorted(self._unreported)
+
+    def mark_reported(self, task_ids: List[int]) -> None:
+        with self._lock:
+            self._unreported.difference_update(task_ids)
+
+    def wait_for(self, task_id: int, timeout_s: float) -> Optional[TaskRunner]:
+        """The task's runner, waiting up to `timeout_s` for a task not heard of yet; None if
+        it finished, never came, or the book closed."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while task_id not in self._runners and task_id not in self._finished and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._on_unknown_task()
+                self._changed.wait(min(remaining, _WAIT_POLL_S))
+            return self._runners.get(task_id)
