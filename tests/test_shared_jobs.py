@@ -378,11 +378,11 @@ def test_max_outstanding_requests_bounds_what_a_client_holds(cluster2):
         cluster2.address, job, 0, codec, max_outstanding=10, timeout_s=30, compression=common_pb2.COMPRESSION_AUTO
     )
     try:
-        _wait_until(lambda: len(reader._streams) == 2 and reader._queue.qsize() > 0, 30, "no element arrived")
+        _wait_until(lambda: reader.stream_count() == 2 and reader.queued_elements() > 0, 30, "no element arrived")
         time.sleep(1.5)  # a consumer that does not read: workers must stop sending
-        held = sum(chunk[1] for chunk in list(reader._queue.queue))
+        held = reader.queued_elements()
         assert 0 < held <= 10
-        assert sum(s.outstanding for s in reader._streams.values()) <= 10
+        assert held <= reader.credits.outstanding() <= 10
         got = []
         for chunk in reader:
             got.extend(chunk[0].tolist())

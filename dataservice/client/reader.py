@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 
+from dataservice.client.credits import CreditLedger
 from dataservice.client.element_streams import ElementStream, open_stream
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
@@ -55,11 +56,10 @@ class IterationReader:
         self.protocol = protocol
         self.timeout_s = timeout_s
         self.compression = compression
-        self._budget = max(1, max_outstanding)
+        self.credits = CreditLedger(max_outstanding)
         self._queue: "queue.Queue[tuple]" = queue.Queue()
         self._streams: Dict[int, _TaskStream] = {}
         self._lock = threading.Lock()
-        self._credits_changed = threading.Condition(self._lock)
         self._iteration_finished = False
         # Tasks the dispatcher reports finished: their data ran out, or their worker was lost.
         self._finished_tasks: set = set()
@@ -101,10 +101,7 @@ class IterationReader:
                 if item is not _WAKE:
                     taken.append(item)
                     count += item[1]
-            with self._lock:
-                for stream, count, _ in taken:
-                    stream.outstanding -= count
-                self._credits_changed.notify_all()
+            self.credits.consumed((stream.task_id, count) for stream, count, _ in taken)
             if len(taken) == 1:
                 yield taken[0][2]
             else:
@@ -112,9 +109,8 @@ class IterationReader:
 
     def _finished(self) -> bool:
         with self._lock:
-            streams = list(self._streams.values())
             finished = self._iteration_finished
-        if not (finished and all(s.done for s in streams)):
+        if not (finished and self.credits.all_done()):
             return False
         with self._queue.mutex:
             return all(item is _WAKE for item in self._queue.queue)
@@ -126,7 +122,7 @@ class IterationReader:
         self.session.close()  # from here on no stream is added or retried
         with self._lock:
             streams = list(self._streams.values())
-            self._credits_changed.notify_all()
+        self.credits.wake()
         for stream in streams:
             stream.cancel()
         for stream in streams:
@@ -140,38 +136,12 @@ class IterationReader:
                 if task.finished:
                     self._finished_tasks.add(task.task_id)
                 elif task.task_id not in self._streams and not self.stopped.is_set():
+                    self.credits.open(task.task_id)
                     self._streams[task.task_id] = _TaskStream(self, task)
             newly_finished = response.iteration_finished and not self._iteration_finished
             self._iteration_finished = response.iteration_finished
-            self._credits_changed.notify_all()
         if newly_finished:
             self._queue.put(_WAKE)
-
-    # ---- credits ---------------------------------------------------------
-
-    def grant(self, stream: "_TaskStream", timeout_s: float) -> int:
-        """Credits for `stream`'s worker: up to its share of the budget, out of what the
-        consumer has freed. Small grants wait until a quarter of the share is free,
-        so that credit messages stay few."""
-        with self._credits_changed:
-            self._credits_changed.wait_for(
-                lambda: self.stopped.is_set() or stream.done or self._grantable(stream) > 0, timeout_s
-            )
-            if self.stopped.is_set() or stream.done:
-                return 0
-            count = self._grantable(stream)
-            stream.outstanding += count
-            stream.granted += count
-            return count
-
-    def _grantable(self, stream: "_TaskStream") -> int:
-        live = [s for s in self._streams.values() if not s.done] or [stream]
-        share = max(1, self._budget // len(live))
-        free = self._budget - sum(s.outstanding for s in self._streams.values())
-        wanted = share - stream.outstanding
-        if wanted < max(1, share // 4):
-            return 0
-        return max(0, min(wanted, free))
 
     # ---- called by the streams -------------------------------------------
 
@@ -180,11 +150,7 @@ class IterationReader:
 
     def stream_ended(self, stream: "_TaskStream") -> None:
         """The stream will receive nothing more: the credits it was granted and did not use return."""
-        with self._lock:
-            stream.done = True
-            stream.outstanding -= stream.granted - stream.received
-            stream.granted = stream.received
-            self._credits_changed.notify_all()
+        self.credits.end(stream.task_id)
         self._queue.put(_WAKE)
         self.session.wake()
 
@@ -200,6 +166,16 @@ class IterationReader:
     @property
     def stopped(self) -> threading.Event:
         return self.session.stopped
+
+    def stream_count(self) -> int:
+        """Task streams opened so far."""
+        with self._lock:
+            return len(self._streams)
+
+    def queued_elements(self) -> int:
+        """Elements received and not yet taken by the consumer."""
+        with self._queue.mutex:
+            return sum(item[1] for item in self._queue.queue if item is not _WAKE)
 
 
 def _concatenate(parts: tuple) -> np.ndarray:
@@ -217,31 +193,26 @@ class _TaskStream:
     def __init__(self, reader: IterationReader, task: common_pb2.TaskInfo):
         self._reader = reader
         self._task = task
+        self.task_id = task.task_id
         self._stream: Optional[ElementStream] = None
         self._cancel_lock = threading.Lock()
-        self.done = False
-        # Credit accounting, under the reader's lock: granted to the worker and not yet
-        # taken by the consumer; granted in all; elements received in all.
-        self.outstanding = 0
-        self.granted = 0
-        self.received = 0
         self._thread = threading.Thread(target=self._run, name=f"stream-task-{task.task_id}", daemon=True)
         self._thread.start()
 
     def _requests(self, ended: threading.Event) -> Iterator[worker_pb2.StreamElementsRequest]:
         """The requests of one connection, until `ended`: a connection that is over grants
         nothing more, so that what the next one re-grants is all that was not used."""
-        reader = self._reader
+        reader, credits = self._reader, self._reader.credits
         # Credits granted on an earlier connection and not used are granted again.
-        unused = self.granted - self.received
+        unused = credits.unused(self.task_id)
         yield worker_pb2.StreamElementsRequest(
-            task_id=self._task.task_id,
+            task_id=self.task_id,
             iteration_client_id=reader.client_id,
             compression=reader.compression,
-            credits=unused + reader.grant(self, 0),
+            credits=unused + credits.grant(self.task_id, 0, reader.stopped.is_set),
         )
-        while not reader.stopped.is_set() and not self.done and not ended.is_set():
-            count = reader.grant(self, 0.5)
+        while not reader.stopped.is_set() and not credits.is_done(self.task_id) and not ended.is_set():
+            count = credits.grant(self.task_id, 0.5, reader.stopped.is_set)
             if count:
                 yield worker_pb2.StreamElementsRequest(credits=count)
 
@@ -260,7 +231,7 @@ class _TaskStream:
                 for response, buffers in stream:
                     for chunk in response.chunks:
                         components = reader.codec.decode(chunk, buffers)
-                        self.received += chunk.num_elements
+                        reader.credits.received(self.task_id, chunk.num_elements)
                         reader.put(self, chunk.num_elements, components)
                     if response.end_of_sequence:
                         reader.stream_ended(self)
