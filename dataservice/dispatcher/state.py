@@ -79,6 +79,10 @@ class Iteration:
     returned_splits: Dict[Tuple[int, int], List[Tuple[int, int]]] = dataclasses.field(default_factory=dict)
     # Coordinated reads: clients may read the rounds below this.
     round_limit: int = 0
+    # Counts over task_ids, kept by apply() so that split requests and finishing need no scan:
+    # tasks not finished, and tasks finished because their data ran out (not lost).
+    unfinished_tasks: int = 0
+    completed_tasks: int = 0
 
 
 @dataclasses.dataclass
@@ -150,14 +154,20 @@ class DispatcherState:
 
     def _apply_create_task(self, u: journal_pb2.CreateTaskUpdate) -> None:
         self._tasks[u.task_id] = Task(u.task_id, u.iteration_id, u.worker_address, starting_round=u.starting_round)
-        self._iterations[u.iteration_id].task_ids.append(u.task_id)
+        iteration = self._iterations[u.iteration_id]
+        iteration.task_ids.append(u.task_id)
+        iteration.unfinished_tasks += 1
         self._tasks_by_worker.setdefault(u.worker_address, []).append(u.task_id)
         self._bump("task", u.task_id)
 
     def _apply_finish_task(self, u: journal_pb2.FinishTaskUpdate) -> None:
         task = self._tasks[u.task_id]
-        task.finished = True
-        self._finish_if_done(self._iterations[task.iteration_id])
+        iteration = self._iterations[task.iteration_id]
+        if not task.finished:
+            task.finished = True
+            iteration.unfinished_tasks -= 1
+            iteration.completed_tasks += 1
+        self._finish_if_done(iteration)
 
     def _apply_acquire_iteration_client(self, u: journal_pb2.AcquireIterationClientUpdate) -> None:
         self._iteration_clients[u.iteration_client_id] = u.iteration_id
@@ -196,8 +206,12 @@ class DispatcherState:
         self._workers[u.worker_address].alive = False
         for task_id in u.lost_tasks:
             task = self._tasks[task_id]
-            task.finished = task.lost = True
             iteration = self._iterations[task.iteration_id]
+            if not task.finished:
+                iteration.unfinished_tasks -= 1
+            elif not task.lost:
+                iteration.completed_tasks -= 1
+            task.finished = task.lost = True
             for key in sorted(k for k in iteration.outstanding_splits if k[0] == task_id):
                 _, group, repetition, _ = key
                 iteration.returned_splits.setdefault((group, repetition), []).append(
@@ -208,8 +222,7 @@ class DispatcherState:
     def _finish_if_done(self, iteration: Iteration) -> None:
         """An iteration is done when every task finished and one of them ran out of data: if all
         were lost, the iteration waits for workers to (re)register and take it up."""
-        tasks = [self._tasks[t] for t in iteration.task_ids]
-        if all(t.finished for t in tasks) and any(not t.lost for t in tasks):
+        if iteration.unfinished_tasks == 0 and iteration.completed_tasks > 0:
             iteration.finished = True
 
     def _apply_extend_rounds(self, u: journal_pb2.ExtendRoundsUpdate) -> None:
@@ -475,7 +488,7 @@ class DispatcherState:
         return iteration.split_positions.get(group, (0, 0))
 
     def unfinished_task_count(self, iteration: Iteration) -> int:
-        return sum(not self._tasks[t].finished for t in iteration.task_ids)
+        return iteration.unfinished_tasks
 
     def task_infos(self, iteration: Iteration) -> List[Tuple[Task, Worker]]:
         return [(self._tasks[t], self._workers[self._tasks[t].worker_address]) for t in iteration.task_ids]
@@ -562,6 +575,12 @@ class DispatcherState:
                     f"iteration {iteration.iteration_id} lists task {task_id}, which is not one of its tasks",
                 )
                 tasks.append(task)
+            unfinished, completed = sum(not t.finished for t in tasks), sum(t.finished and not t.lost for t in tasks)
+            check(
+                (iteration.unfinished_tasks, iteration.completed_tasks) == (unfinished, completed),
+                f"iteration {iteration.iteration_id} counts {iteration.unfinished_tasks} unfinished and "
+                f"{iteration.completed_tasks} completed tasks, not {unfinished} and {completed}",
+            )
             if tasks and all(t.finished for t in tasks) and any(not t.lost for t in tasks):
                 check(iteration.finished, f"iteration {iteration.iteration_id}: every task finished, but it did not")
             for client_id in iteration.client_ids:
