@@ -1,7 +1,7 @@
 """Benchmarks: the same workloads through a local pipeline, TensorFlow's own
 tf.data service and dataservice, in one process run, reported as ratios.
 
-    python -m dataservice.bench [--quick] [--json FILE] [--workloads 1,2,3,4,5]
+    python -m dataservice.bench [--quick] [--json FILE] [--workloads 1,2,3,4,5,6,7]
 
 1. scalar int64 elements, 1 worker, parallel_epochs (elements/s)
 2. 1 MiB float32 elements, 1 worker, compression None and AUTO (MB/s)
@@ -9,6 +9,7 @@ tf.data service and dataservice, in one process run, reported as ratios.
 4. a latency-bound pipeline (a sleep in every element), 1/2/4 workers (scaling efficiency)
 5. time to first element (s)
 6. dispatcher recovery: replaying a journal of 100,000 updates (s), raw and with snapshots
+7. the dispatcher core at 10 / 100 / 1,000 simulated workers and 200 clients (bench/scale.py)
 
 TensorFlow's servers run in this process (they are C++); ours run as
 `data-server` processes, as they would in production. The client of each
@@ -37,6 +38,7 @@ import tensorflow as tf  # noqa: E402
 
 import dataservice  # noqa: E402
 from dataservice import tf_internal  # noqa: E402
+from dataservice.bench import scale as scale_simulation  # noqa: E402
 from dataservice.dispatcher import journal  # noqa: E402
 from dataservice.dispatcher.state import DispatcherState  # noqa: E402
 from dataservice.local_cluster import LocalCluster  # noqa: E402
@@ -299,7 +301,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
     # Short measurements vary most: they are repeated and their median reported.
     repeats = 3 if not quick else 1
     latency_repeats = 9 if not quick else 3
-    clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()} if set(workloads) - {6} else {}
+    clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()} if set(workloads) - {6, 7} else {}
     try:
         for cluster in clusters.values():
             cluster.add_worker()
@@ -417,6 +419,22 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
             {"raw journal": _recovery_s(updates, None), "snapshot every 10,000": _recovery_s(updates, 10_000)},
             higher_is_better=False,
         )
+    if 7 in workloads:
+        for result in scale_simulation.run(worker_counts=(10, 100) if quick else (10, 100, 1000), quick=quick):
+            values = {
+                "worker heartbeat": result.worker_heartbeat_us,
+                "client heartbeat": result.client_heartbeat_us,
+                "split request": result.split_request_us,
+            }
+            if result.journal:
+                values["journal appends/s"] = result.journal_appends_per_s
+            bench.record(
+                f"7. dispatcher core, {result.workers:,} workers, {'' if result.journal else 'no '}journal",
+                "CPU per call",
+                "us",
+                values,
+                higher_is_better=False,
+            )
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"quick": quick, "rows": bench.rows}, f, indent=2)
@@ -428,14 +446,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="dataservice vs TensorFlow's tf.data service")
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds per workload")
     parser.add_argument("--json", help="write the results to this file")
-    parser.add_argument("--workloads", default="1,2,3,4,5,6", help="comma-separated workload numbers")
+    parser.add_argument("--workloads", default="1,2,3,4,5,6,7", help="comma-separated workload numbers")
     args = parser.parse_args(argv)
     try:
         workloads = sorted({int(w) for w in args.workloads.split(",")})
     except ValueError:
-        parser.error(f"--workloads must be numbers 1-6, got {args.workloads!r}")
-    if not set(workloads) <= {1, 2, 3, 4, 5, 6}:
-        parser.error(f"--workloads must be numbers 1-6, got {args.workloads!r}")
+        parser.error(f"--workloads must be numbers 1-7, got {args.workloads!r}")
+    if not set(workloads) <= {1, 2, 3, 4, 5, 6, 7}:
+        parser.error(f"--workloads must be numbers 1-7, got {args.workloads!r}")
     allocator.keep_freed_memory_in_client()
     run(args.quick, workloads, args.json)
     return 0

@@ -117,6 +117,8 @@ class JournalWriter:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._seq = seq
         self._file = self._open_segment(seq)
+        # Updates appended by this writer (for benchmarks and metrics).
+        self.appended = 0
 
     def _open_segment(self, seq: int):
         f = open(self._dir / f"journal-{seq:010d}.log", "ab")
@@ -127,6 +129,7 @@ class JournalWriter:
         self._file.write(_encode(update))
         self._file.flush()
         os.fsync(self._file.fileno())
+        self.appended += 1
 
     def snapshot(self, updates: Iterable[journal_pb2.Update]) -> None:
         """Replaces the journal so far by `updates` (which rebuild the current state) and

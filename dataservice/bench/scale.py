@@ -1,0 +1,179 @@
+"""The dispatcher at scale, simulated: its core driven in one process by many workers and clients.
+
+The transport-free DispatcherCore makes this possible without sockets: N
+simulated workers register and heartbeat, 200 clients (20 named
+distributed_epoch jobs, 10 clients each) heartbeat, and the jobs' tasks ask
+for split ranges, round after round, exactly as the gRPC servicer would call
+the core. For each N the CPU time per worker heartbeat, per client heartbeat
+and per split request is measured (time.process_time: what the dispatcher's
+Python spends, the quantity that caps how many peers one dispatcher serves),
+with and without a journal; with a journal, appends per second (each append
+is fsynced: the disk's latency, not the CPU, bounds it).
+
+    python -m dataservice.bench --workloads 7
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import random
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional
+
+import tensorflow as tf
+
+from dataservice.config import DispatcherConfig
+from dataservice.dispatcher import journal
+from dataservice.dispatcher.core import DispatcherCore
+from dataservice.pipeline import graph as graph_lib
+from dataservice.v1 import common_pb2, dispatcher_pb2
+
+NUM_JOBS = 20
+CLIENTS_PER_JOB = 10
+# Splits of the simulated source: enough that no job runs out while it is measured.
+NUM_SPLITS = 10**9
+
+
+class _Clock:
+    """Simulated time: each round advances it, so that nobody times out between rounds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclasses.dataclass
+class ScaleResult:
+    workers: int
+    clients: int
+    journal: bool
+    tasks: int
+    worker_heartbeat_us: float
+    client_heartbeat_us: float
+    split_request_us: float
+    # Journal appends (fsynced) per second of wall time while split requests ran; 0 without a journal.
+    journal_appends_per_s: float
+
+
+def _cpu_us(calls: List[Callable[[], object]]) -> float:
+    """CPU microseconds per call, over all of `calls`."""
+    start = time.process_time()
+    for call in calls:
+        call()
+    return (time.process_time() - start) / max(1, len(calls)) * 1e6
+
+
+def simulate(
+    num_workers: int,
+    rounds: int = 3,
+    split_requests_per_round: int = 2000,
+    journal_dir: Optional[pathlib.Path] = None,
+) -> ScaleResult:
+    """One run at `num_workers` workers; see the module docstring."""
+    clock = _Clock()
+    writer = journal.JournalWriter(journal_dir, 0) if journal_dir is not None else None
+    config = DispatcherConfig(worker_timeout_ms=10**9, client_timeout_ms=10**9, job_gc_timeout_ms=10**9)
+    core = DispatcherCore(config, "simulated:0", journal=writer, clock=clock, snapshot_every=10**9)
+    try:
+        workers = [f"worker-{i}:5000" for i in range(num_workers)]
+        for address in workers:
+            core.worker_heartbeat(dispatcher_pb2.WorkerHeartbeatRequest(worker_address=address))
+        source = tf.data.Dataset.range(NUM_SPLITS)
+        metadata = common_pb2.DatasetMetadata(
+            element_spec=graph_lib.encode_element_spec(source.element_spec), cardinality=NUM_SPLITS
+        )
+        dataset_id = core.register_dataset(
+            dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_lib.serialize_dataset(source), metadata=metadata)
+        ).dataset_id
+        clients: List[int] = []
+        iterations: List[int] = []
+        for job in range(NUM_JOBS):
+            job_id = core.get_or_create_job(
+                dispatcher_pb2.GetOrCreateJobRequest(
+                    dataset_id=dataset_id,
+                    processing_mode=common_pb2.ProcessingModeDef(sharding_policy=common_pb2.SHARDING_POLICY_DYNAMIC),
+                    job_name=f"job-{job}",
+                )
+            ).job_id
+            for _ in range(CLIENTS_PER_JOB):
+                response = core.get_or_create_iteration(
+                    dispatcher_pb2.GetOrCreateIterationRequest(job_id=job_id, repetition=0)
+                )
+                clients.append(response.iteration_client_id)
+            iterations.append(response.iteration_id)
+        # Each worker runs one task of every job; a task asks for ranges 0, 1, 2, ... in turn.
+        tasks_of: Dict[str, List[int]] = {address: [] for address in workers}
+        task_iteration: Dict[int, int] = {}
+        for client in clients[::CLIENTS_PER_JOB]:
+            for info in core.client_heartbeat(dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client)).tasks:
+                tasks_of[info.worker_address].append(info.task_id)
+        for iteration_id, client in zip(iterations, clients[::CLIENTS_PER_JOB]):
+            heartbeat = core.client_heartbeat(dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client))
+            for info in heartbeat.tasks:
+                task_iteration[info.task_id] = iteration_id
+        next_index = dict.fromkeys(task_iteration, 0)
+        rng = random.Random(num_workers)
+        all_tasks = sorted(task_iteration)
+
+        def worker_heartbeat(address: str) -> Callable[[], object]:
+            request = dispatcher_pb2.WorkerHeartbeatRequest(worker_address=address, current_tasks=tasks_of[address])
+            return lambda: core.worker_heartbeat(request)
+
+        def client_heartbeat(client: int) -> Callable[[], object]:
+            request = dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client)
+            return lambda: core.client_heartbeat(request)
+
+        def split_request(task: int) -> Callable[[], object]:
+            index = next_index[task]
+            next_index[task] += 1
+            request = dispatcher_pb2.GetSplitsRequest(
+                iteration_id=task_iteration[task], task_id=task, split_group=0, repetition=0, index=index
+            )
+            return lambda: core.get_splits(request)
+
+        worker_us, client_us, split_us, appends_per_s = [], [], [], []
+        for _ in range(rounds):
+            clock.now += 1.0
+            worker_us.append(_cpu_us([worker_heartbeat(a) for a in workers]))
+            client_us.append(_cpu_us([client_heartbeat(c) for c in clients]))
+            requests = [split_request(rng.choice(all_tasks)) for _ in range(split_requests_per_round)]
+            appended, wall_start = writer.appended if writer else 0, time.perf_counter()
+            split_us.append(_cpu_us(requests))
+            if writer is not None:
+                # A split request journals the range it hands out and, after the first, that the last one started.
+                appends_per_s.append((writer.appended - appended) / (time.perf_counter() - wall_start))
+        core.validate()
+        return ScaleResult(
+            workers=num_workers,
+            clients=len(clients),
+            journal=writer is not None,
+            tasks=len(all_tasks),
+            worker_heartbeat_us=sorted(worker_us)[len(worker_us) // 2],
+            client_heartbeat_us=sorted(client_us)[len(client_us) // 2],
+            split_request_us=sorted(split_us)[len(split_us) // 2],
+            journal_appends_per_s=sorted(appends_per_s)[len(appends_per_s) // 2] if appends_per_s else 0.0,
+        )
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def run(worker_counts=(10, 100, 1000), quick: bool = False) -> List[ScaleResult]:
+    """simulate() at each worker count, without and with a journal (in a temporary directory)."""
+    results = []
+    for num_workers in worker_counts:
+        results.append(simulate(num_workers, rounds=1 if quick else 3, split_requests_per_round=200 if quick else 2000))
+        with tempfile.TemporaryDirectory(prefix="dataservice-scale-") as tmp:
+            results.append(
+                simulate(
+                    num_workers,
+                    rounds=1 if quick else 3,
+                    split_requests_per_round=100 if quick else 500,
+                    journal_dir=pathlib.Path(tmp),
+                )
+            )
+    return results
