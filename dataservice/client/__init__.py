@@ -1,1 +1,2 @@
-"""The client: registers datasets and reads iterations from the workers."""
+"""The client: registers datasets, joins iterations and reads their elements from the workers
+with credit-based flow control."""

@@ -1,1 +1,2 @@
-"""The worker: runs task pipelines and streams their elements to clients."""
+"""A worker: registers and heartbeats with the dispatcher, runs its tasks' pipelines into
+bounded buffers, and streams their elements to clients over TCP or gRPC."""
