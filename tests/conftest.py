@@ -34,6 +34,15 @@ def in_process_cluster(num_workers: int = 1, **dispatcher_options) -> LocalClust
     )
 
 
+@pytest.fixture(autouse=True)
+def no_global_tf_seed():
+    """Each test starts without TensorFlow's global seed: with one set (a test may call
+    keras.utils.set_random_seed), every shuffle() built gets a new op seed, so the same
+    pipeline built twice is two pipelines."""
+    tf.random.set_seed(None)
+    yield
+
+
 @pytest.fixture
 def cluster():
     c = in_process_cluster(1)

@@ -22,6 +22,17 @@ def test_fingerprint_is_stable_across_rebuilds():
     assert _fingerprint(make()) == _fingerprint(make())
 
 
+def test_with_a_global_seed_each_shuffle_is_another_pipeline():
+    # TensorFlow derives each op's seed from the global seed and a counter: the shuffles of two
+    # builds have different seeds, so they shuffle differently and must not share a dataset id.
+    make = lambda: tf.data.Dataset.range(100).shuffle(10)  # noqa: E731
+    tf.random.set_seed(5)
+    try:
+        assert _fingerprint(make()) != _fingerprint(make())
+    finally:
+        tf.random.set_seed(None)
+
+
 def test_fingerprint_tells_pipelines_apart():
     base = tf.data.Dataset.range(100)
     prints = {
