@@ -165,11 +165,15 @@ def test_abandoned_iteration_stops_its_tasks(cluster):
     assert int(next(iterator)) == 0
     worker = cluster.workers[0]
     assert len(worker.running_tasks()) == 1
+    summary = cluster.dispatcher.state_summary()
+    assert (summary["unfinished_iterations"], summary["iteration_clients"], summary["active_tasks"]) == (1, 1, 1)
     del iterator
     deadline = time.monotonic() + 20
     while worker.running_tasks() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not worker.running_tasks(), "the task of a released anonymous iteration kept running"
+    summary = cluster.dispatcher.state_summary()
+    assert (summary["unfinished_iterations"], summary["iteration_clients"], summary["active_tasks"]) == (0, 0, 0)
 
 
 def test_named_job_is_shared_between_clients(cluster):
