@@ -60,12 +60,12 @@ class DispatchServer:
             return None, None
         directory = pathlib.Path(self._config.work_dir) / "journal"
         started = time.monotonic()
-        updates, next_seq = journal.read(directory)
+        replay = journal.read(directory)
         state = DispatcherState()
-        for update in updates:
+        for update in replay.updates:
             state.apply(update)
-        log.info("recovered %d journal updates in %.3f s", len(updates), time.monotonic() - started)
-        return state, journal.JournalWriter(directory, next_seq)
+        log.info("recovered %d journal updates in %.3f s", len(replay.updates), time.monotonic() - started)
+        return state, journal.JournalWriter.after(directory, replay)
 
     def start(self) -> None:
         """Starts serving. Calling it again does nothing."""

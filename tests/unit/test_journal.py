@@ -1,7 +1,7 @@
-"""The journal on disk: durable records, torn tails dropped, corruption refused, snapshots."""
+"""The journal on disk: durable records, a crash's torn record dropped, damage refused, snapshots."""
 
+import collections
 import random
-import time
 
 import pytest
 from test_state import comparable, random_updates
@@ -9,11 +9,14 @@ from test_state import comparable, random_updates
 from dataservice.dispatcher import journal
 from dataservice.dispatcher.state import DispatcherState
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
+
+# Small chunks keep the files of the byte sweep small.
+CHUNK = 1024
 
 
-def _write(directory, updates, seq=0):
-    writer = journal.JournalWriter(directory, seq)
+def _write(directory, updates, seq=0, chunk=CHUNK):
+    writer = journal.JournalWriter(directory, seq, chunk_bytes=chunk, base=0)
     for update in updates:
         writer.append(update)
     writer.close()
@@ -27,50 +30,86 @@ def _state(updates):
     return state
 
 
+def _record_offsets(path):
+    """Where each record of a journal file starts (the header record first), and where they end."""
+    data = path.read_bytes()
+    offsets, offset = [], 0
+    while offset + 16 <= len(data) and data[offset : offset + 16] != bytes(16):
+        offsets.append(offset)
+        offset += 16 + int.from_bytes(data[offset + 4 : offset + 8], "little")
+    return offsets, offset
+
+
 def test_records_round_trip_across_segments(tmp_path):
     updates = random_updates(random.Random(1), 50)
     _write(tmp_path, updates[:30], seq=0)
     _write(tmp_path, updates[30:], seq=1)
-    read, next_seq = journal.read(tmp_path)
-    assert read == updates and next_seq == 2
+    replay = journal.read(tmp_path)
+    assert replay.updates == updates and replay.next_seq == 2 and replay.torn is None
 
 
-@pytest.mark.parametrize("tail", [b"\x10\x00", b"\x40\x00\x00\x00\x01\x02\x03\x04partial"])
-def test_torn_tail_is_dropped(tmp_path, tail, caplog):
+def test_segments_are_whole_chunks_of_zeros_after_the_records(tmp_path):
+    path = _write(tmp_path, random_updates(random.Random(1), 40), chunk=512)
+    data = path.read_bytes()
+    assert len(data) % 512 == 0 and len(data) > 512, "grown by whole chunks"
+    _, end = _record_offsets(path)
+    assert not any(data[end:])
+
+
+def test_a_torn_final_record_is_dropped_and_repaired_before_writing_on(tmp_path, caplog):
     updates = random_updates(random.Random(2), 10)
     path = _write(tmp_path, updates)
-    with open(path, "ab") as f:
-        f.write(tail)
-    read, _ = journal.read(tmp_path)
-    assert read == updates
-    assert "torn" in caplog.text
-
-
-def test_torn_last_record_with_bad_checksum_is_dropped(tmp_path):
-    updates = random_updates(random.Random(3), 10)
-    path = _write(tmp_path, updates)
+    offsets, end = _record_offsets(path)
     data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
+    data[offsets[-1] + 20 : end] = bytes(end - offsets[-1] - 20)  # the crash wrote only its first 20 bytes
     path.write_bytes(bytes(data))
-    read, _ = journal.read(tmp_path)
-    assert read == updates[:-1]
+    replay = journal.read(tmp_path)
+    assert replay.updates == updates[:-1]
+    assert replay.torn.offset == offsets[-1] and "torn" in caplog.text
+    writer = journal.JournalWriter.after(tmp_path, replay, chunk_bytes=CHUNK)
+    writer.append(updates[-1])
+    writer.close()
+    replay = journal.read(tmp_path)
+    assert replay.updates == updates and replay.torn is None, "the repaired segment reads whole"
 
 
-def test_corrupt_record_in_the_middle_is_refused(tmp_path):
+def test_damage_before_the_last_record_is_refused_with_file_and_offset(tmp_path):
     updates = random_updates(random.Random(4), 10)
     path = _write(tmp_path, updates)
-    first_len = len(updates[0].SerializeToString()) + 8
+    offsets, _ = _record_offsets(path)
     data = bytearray(path.read_bytes())
-    data[first_len + 10] ^= 0xFF  # inside the second record's payload
+    data[offsets[3] + 5] ^= 0xFF  # the length field of the third update's header
     path.write_bytes(bytes(data))
-    with pytest.raises(journal.JournalCorruptError, match=f"{path.name} is corrupt at offset {first_len}"):
+    with pytest.raises(journal.JournalCorruptError) as info:
+        journal.read(tmp_path)
+    message = str(info.value)
+    assert path.name in message and f"offset {offsets[3]}" in message
+    assert "restore" in message and "move this file" in message, "it says how to proceed"
+
+
+def test_a_cut_segment_and_a_missing_segment_are_refused(tmp_path):
+    updates = random_updates(random.Random(5), 30)
+    first = _write(tmp_path, updates[:10], seq=0)
+    second = _write(tmp_path, updates[10:20], seq=1)
+    third = _write(tmp_path, updates[20:], seq=2)
+    third.write_bytes(third.read_bytes()[: CHUNK - 1])
+    with pytest.raises(journal.JournalCorruptError, match="cut short"):
+        journal.read(tmp_path)
+    third.unlink()
+    assert journal.read(tmp_path).updates == updates[:20]
+    _write(tmp_path, updates[20:], seq=2)
+    second.rename(tmp_path / "elsewhere")
+    with pytest.raises(journal.JournalCorruptError, match="journal-0000000001.log.*missing"):
+        journal.read(tmp_path)
+    (tmp_path / "elsewhere").rename(second)
+    first.unlink()
+    with pytest.raises(journal.JournalCorruptError, match="builds on sequence number 0.*missing"):
         journal.read(tmp_path)
 
 
 def test_snapshot_replaces_old_segments(tmp_path):
-    rng = random.Random(5)
-    updates = random_updates(rng, 80)
-    writer = journal.JournalWriter(tmp_path, 0)
+    updates = random_updates(random.Random(5), 80)
+    writer = journal.JournalWriter(tmp_path, 0, chunk_bytes=CHUNK)
     for update in updates[:50]:
         writer.append(update)
     writer.snapshot(_state(updates[:50]).to_updates())
@@ -79,22 +118,109 @@ def test_snapshot_replaces_old_segments(tmp_path):
     writer.close()
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["journal-0000000001.log", "snapshot-0000000001.log"]
-    read, next_seq = journal.read(tmp_path)
-    assert comparable(_state(read)) == comparable(_state(updates))
-    assert next_seq == 2
+    replay = journal.read(tmp_path)
+    assert comparable(_state(replay.updates)) == comparable(_state(updates))
+    assert replay.next_seq == 2
+
+
+def test_a_crash_between_a_snapshot_and_its_segment_recovers(tmp_path):
+    updates = random_updates(random.Random(9), 40)
+    writer = journal.JournalWriter(tmp_path, 0, chunk_bytes=CHUNK)
+    for update in updates[:25]:
+        writer.append(update)
+    writer.snapshot(_state(updates[:25]).to_updates())
+    writer.close()
+    (tmp_path / "journal-0000000001.log").unlink()  # as if the crash came before the segment was made
+    replay = journal.read(tmp_path)
+    assert comparable(_state(replay.updates)) == comparable(_state(updates[:25]))
+    assert replay.next_seq == 1
+    writer = journal.JournalWriter.after(tmp_path, replay, chunk_bytes=CHUNK)
+    for update in updates[25:]:
+        writer.append(update)
+    writer.close()
+    assert comparable(_state(journal.read(tmp_path).updates)) == comparable(_state(updates))
+
+
+def test_a_failed_append_leaves_nothing_and_the_next_one_writes_there(tmp_path, monkeypatch):
+    updates = random_updates(random.Random(7), 6)
+    writer = journal.JournalWriter(tmp_path, 0, chunk_bytes=CHUNK)
+    for update in updates[:3]:
+        writer.append(update)
+    real_fdatasync = journal.os.fdatasync
+
+    def failing_fdatasync(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(journal.os, "fdatasync", failing_fdatasync)
+    with pytest.raises(OSError, match="Input/output"):
+        writer.append(updates[3])
+    monkeypatch.setattr(journal.os, "fdatasync", real_fdatasync)
+    for update in updates[4:]:
+        writer.append(update)
+    writer.close()
+    assert journal.read(tmp_path).updates == updates[:3] + updates[4:]
 
 
 def test_a_100k_update_journal_recovers_whole(tmp_path):
     updates = random_updates(random.Random(6), 100_000)
-    writer = journal.JournalWriter(tmp_path, 0)
-    # Bypass per-record fsync for the setup; reading is what is measured.
-    with open(tmp_path / "journal-0000000000.log", "ab") as f:
-        for update in updates:
-            f.write(journal._encode(update))
+    writer = journal.JournalWriter(tmp_path, 0, sync=False)
+    for update in updates:
+        writer.append(update)
     writer.close()
-    start = time.perf_counter()
-    read, _ = journal.read(tmp_path)
-    _state(read)
-    elapsed = time.perf_counter() - start
-    print(f"recovered {len(read)} updates in {elapsed:.3f} s")
-    assert len(read) == len(updates)
+    assert len(journal.read(tmp_path).updates) == len(updates)
+
+
+# ---- the byte-damage sweep ----------------------------------------------------------
+
+
+def _sweep_journal(directory):
+    """A snapshot and two segments, as a dispatcher that snapshotted, ran on, and restarted leaves them."""
+    updates = random_updates(random.Random(8), 30)
+    writer = journal.JournalWriter(directory, 0, chunk_bytes=CHUNK)
+    for update in updates[:12]:
+        writer.append(update)
+    writer.snapshot(_state(updates[:12]).to_updates())
+    for update in updates[12:20]:
+        writer.append(update)
+    writer.close()
+    writer = journal.JournalWriter.after(directory, journal.read(directory), chunk_bytes=CHUNK)
+    for update in updates[20:]:
+        writer.append(update)
+    writer.close()
+    return updates
+
+
+def test_every_byte_flipped_zeroed_or_cut_gives_the_state_less_at_most_the_last_record_or_a_refusal(tmp_path):
+    directory = tmp_path / "journal"
+    directory.mkdir()
+    updates = _sweep_journal(directory)
+    files = sorted(directory.iterdir())
+    assert [p.name for p in files] == ["journal-0000000001.log", "journal-0000000002.log", "snapshot-0000000001.log"]
+    whole = comparable(_state(updates))
+    less_last = comparable(_state(updates[:-1]))
+    originals = {path: path.read_bytes() for path in files}
+    outcomes = collections.Counter()
+    for path, original in originals.items():
+        for position in range(len(original)):
+            flipped = bytearray(original)
+            flipped[position] ^= 0xFF
+            zeroed = bytearray(original)
+            zeroed[position] = 0
+            for damage, data in (("flip", flipped), ("zero", zeroed), ("cut", original[:position])):
+                path.write_bytes(bytes(data))
+                try:
+                    state = comparable(_state(journal.read(directory).updates))
+                except journal.JournalCorruptError as e:
+                    assert path.name in str(e) or "missing" in str(e), (damage, path.name, position, str(e))
+                    assert "offset" in str(e)
+                    outcomes["refused"] += 1
+                else:
+                    if state == whole:
+                        outcomes["whole"] += 1
+                    elif state == less_last and path.name == "journal-0000000002.log":
+                        outcomes["less the last record"] += 1
+                    else:
+                        raise AssertionError(f"{damage} of {path.name} at byte {position}: a different state")
+            path.write_bytes(original)
+    print(f"byte sweep over {sum(map(len, originals.values()))} bytes x 3 damages: {dict(outcomes)}")
+    assert outcomes["refused"] and outcomes["whole"] and outcomes["less the last record"]
