@@ -132,17 +132,31 @@ class DispatcherCore:
     # ---- committing changes ----------------------------------------------------
 
     def _commit(self, **change) -> None:
-        """Journals, then applies, one Update. Call with self._lock held."""
+        """Journals, then applies, one Update. Call with self._lock held.
+
+        A journal that cannot be written (disk full, I/O error) fails the request with
+        UNAVAILABLE and nothing is applied: clients retry, and succeed once the disk does."""
         update = journal_pb2.Update(**change)
         if self._journal is not None:
-            self._journal.append(update)
+            try:
+                self._journal.append(update)
+            except OSError as e:
+                log.error("journal write failed, %s not made: %s", update.WhichOneof("kind"), e)
+                raise status.unavailable(
+                    f"{self._where()} cannot write its journal ({e.strerror or e}); the change was not made. "
+                    "It is retried; free space on the work_dir's disk if this persists"
+                ) from None
         self._state.apply(update)
         if self._journal is not None:
             self._since_snapshot += 1
             if self._since_snapshot >= self._snapshot_every:
-                # Keeps recovery time flat however long the dispatcher runs.
-                self._journal.snapshot(self._state.to_updates())
+                # Keeps recovery time flat however long the dispatcher runs. A snapshot that fails
+                # loses nothing (the segments stay): it is tried again after the next interval.
                 self._since_snapshot = 0
+                try:
+                    self._journal.snapshot(self._state.to_updates())
+                except OSError as e:
+                    log.error("journal snapshot failed (the journal is whole; retried later): %s", e)
 
     def _where(self) -> str:
         return f"the dispatcher at {self._address}"
@@ -190,8 +204,15 @@ class DispatcherCore:
         return dispatcher_pb2.RegisterDatasetResponse(dataset_id=dataset_id)
 
     def _register(self, dataset_id: DatasetId, fingerprint: str, request) -> DatasetId:
-        """Stores and journals a new dataset. Call with self._lock held."""
-        self._datasets.put(dataset_id, request.graph_def)
+        """Stores the graph durably, then journals the dataset. Call with self._lock held."""
+        try:
+            self._datasets.put(dataset_id, request.graph_def)
+        except OSError as e:
+            log.error("storing the graph of dataset %s failed: %s", dataset_id, e)
+            raise status.unavailable(
+                f"{self._where()} cannot store the dataset's graph in its work_dir ({e.strerror or e}); "
+                "it was not registered. It is retried; free space on the work_dir's disk if this persists"
+            ) from None
         self._commit(
             register_dataset=journal_pb2.RegisterDatasetUpdate(
                 dataset_id=dataset_id, fingerprint=fingerprint, metadata=request.metadata

@@ -30,11 +30,10 @@ class DatasetStore:
     def put(self, dataset_id: str, graph_def: bytes) -> None:
         """Stores the graph durably (file and directory fsynced) before returning: the journal
         record that names it follows."""
+        if self._dir is not None:
+            durable_files.write_durably(self._path(dataset_id), graph_def)
         with self._lock:
             self._graphs[dataset_id] = graph_def
-        if self._dir is None:
-            return
-        durable_files.write_durably(self._path(dataset_id), graph_def)
 
     def get(self, dataset_id: str) -> Optional[bytes]:
         with self._lock:
