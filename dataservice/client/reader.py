@@ -131,15 +131,22 @@ class IterationReader:
     # ---- heartbeats ------------------------------------------------------
 
     def _on_heartbeat(self, response: dispatcher_pb2.ClientHeartbeatResponse) -> None:
+        abandoned = []
         with self._lock:
             for task in response.tasks:
                 if task.finished:
                     self._finished_tasks.add(task.task_id)
+                    if task.lost and task.task_id in self._streams:
+                        abandoned.append(self._streams[task.task_id])
                 elif task.task_id not in self._streams and not self.stopped.is_set():
                     self.credits.open(task.task_id)
                     self._streams[task.task_id] = _TaskStream(self, task)
             newly_finished = response.iteration_finished and not self._iteration_finished
             self._iteration_finished = response.iteration_finished
+        for stream in abandoned:
+            # Its worker is gone: a stream to it would wait for a timeout, or for a new process at the
+            # same address that never had the task.
+            stream.abandon()
         if newly_finished:
             self._queue.put(_WAKE)
 
@@ -196,6 +203,7 @@ class _TaskStream:
         self.task_id = task.task_id
         self._stream: Optional[ElementStream] = None
         self._cancel_lock = threading.Lock()
+        self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"stream-task-{task.task_id}", daemon=True)
         self._thread.start()
 
@@ -226,7 +234,7 @@ class _TaskStream:
                 stream = open_stream(self._task, reader.protocol, self._requests(ended))
                 with self._cancel_lock:
                     self._stream = stream
-                    if reader.stopped.is_set():
+                    if reader.stopped.is_set() or self._abandoned.is_set():
                         stream.cancel()
                 for response, buffers in stream:
                     for chunk in response.chunks:
@@ -253,7 +261,7 @@ class _TaskStream:
                 ended.set()
                 if stream is not None:
                     stream.close()
-            if retry and reader.task_finished(self._task.task_id):
+            if self._abandoned.is_set() or (retry and reader.task_finished(self._task.task_id)):
                 # The dispatcher gave up on this worker: read on from the others.
                 log.warning(
                     "task %d: worker %s is gone; reading on from the other workers",
@@ -271,6 +279,12 @@ class _TaskStream:
         with self._cancel_lock:
             if self._stream is not None:
                 self._stream.cancel()
+
+    def abandon(self) -> None:
+        """Ends the stream of a task whose worker was lost (what it delivered stays delivered)."""
+        if not self._abandoned.is_set() and not self._reader.credits.is_done(self.task_id):
+            self._abandoned.set()
+            self.cancel()
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)

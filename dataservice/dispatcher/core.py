@@ -414,6 +414,7 @@ class DispatcherCore:
                     transfer_address=worker.transfer_address,
                     finished=task.finished,
                     starting_round=task.starting_round,
+                    lost=task.lost,
                 )
         return response
 
@@ -515,10 +516,21 @@ class DispatcherCore:
         with self._lock:
             self._worker_seen[address] = self._clock()
             known = self._state.worker(address)
-            if known is None or not known.alive:
+            uid = request.worker_uid
+            if known is not None and known.alive and uid and known.uid and known.uid != uid:
+                # A new process at the address (a restarted pod keeps its name): the old one's
+                # tasks are lost, their unstarted splits go back to the pool.
+                lost = self._state.lost_tasks_of(address)
+                log.warning("worker %s restarted: %d tasks of its previous process lost", address, len(lost))
+                self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
+                known = self._state.worker(address)
+            if known is None or not known.alive or (uid and not known.uid):
+                # New, back after it was lost, or (journaled before uids were) learning its uid.
                 self._commit(
                     register_worker=journal_pb2.RegisterWorkerUpdate(
-                        worker_address=address, transfer_address=request.transfer_address or address
+                        worker_address=address,
+                        transfer_address=request.transfer_address or address,
+                        worker_uid=uid,
                     )
                 )
                 log.info("worker %s registered", address)

@@ -46,6 +46,8 @@ class Worker:
     transfer_address: str
     # False once the dispatcher gave up on it (no heartbeat for worker_timeout_ms).
     alive: bool = True
+    # The worker process's random id (0: not known); another one at the same address is a restart.
+    uid: int = 0
 
 
 @dataclasses.dataclass
@@ -130,7 +132,7 @@ class DispatcherState:
             self._bump("dataset", int(u.dataset_id))
 
     def _apply_register_worker(self, u: journal_pb2.RegisterWorkerUpdate) -> None:
-        self._workers[u.worker_address] = Worker(u.worker_address, u.transfer_address)
+        self._workers[u.worker_address] = Worker(u.worker_address, u.transfer_address, uid=u.worker_uid)
         self._tasks_by_worker.setdefault(u.worker_address, [])
 
     def _apply_create_job(self, u: journal_pb2.CreateJobUpdate) -> None:
@@ -254,7 +256,7 @@ class DispatcherState:
             out.append(
                 U(
                     register_worker=journal_pb2.RegisterWorkerUpdate(
-                        worker_address=w.address, transfer_address=w.transfer_address
+                        worker_address=w.address, transfer_address=w.transfer_address, worker_uid=w.uid
                     )
                 )
             )
@@ -358,7 +360,7 @@ class DispatcherState:
                     out.append(
                         U(
                             register_worker=journal_pb2.RegisterWorkerUpdate(
-                                worker_address=w.address, transfer_address=w.transfer_address
+                                worker_address=w.address, transfer_address=w.transfer_address, worker_uid=w.uid
                             )
                         )
                     )

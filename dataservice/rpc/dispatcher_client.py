@@ -149,10 +149,18 @@ class DispatcherClient:
     # ---- workers -------------------------------------------------------------
 
     def worker_heartbeat(
-        self, worker_address: str, transfer_address: str, current_tasks: Sequence[int], timeout_s: float
+        self,
+        worker_address: str,
+        transfer_address: str,
+        current_tasks: Sequence[int],
+        timeout_s: float,
+        worker_uid: int = 0,
     ) -> dispatcher_pb2.WorkerHeartbeatResponse:
         request = dispatcher_pb2.WorkerHeartbeatRequest(
-            worker_address=worker_address, transfer_address=transfer_address, current_tasks=current_tasks
+            worker_address=worker_address,
+            transfer_address=transfer_address,
+            current_tasks=current_tasks,
+            worker_uid=worker_uid,
         )
         what = f"worker {worker_address} heartbeat"
         return self._call(self._stub.WorkerHeartbeat, request, what, timeout_s=timeout_s, rpc_timeout_s=10.0)

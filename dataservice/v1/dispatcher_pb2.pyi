@@ -132,14 +132,16 @@ class GetWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerHeartbeatRequest(_message.Message):
-    __slots__ = ("worker_address", "transfer_address", "current_tasks")
+    __slots__ = ("worker_address", "transfer_address", "current_tasks", "worker_uid")
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TASKS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_UID_FIELD_NUMBER: _ClassVar[int]
     worker_address: str
     transfer_address: str
     current_tasks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
+    worker_uid: int
+    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ..., worker_uid: _Optional[int] = ...) -> None: ...
 
 class WorkerHeartbeatResponse(_message.Message):
     __slots__ = ("new_tasks", "tasks_to_delete")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dataservice.v1 import common_pb2 as dataservice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x61taservice/v1/journal.proto\x12\x0e\x64\x61taservice.v1\x1a\x1b\x64\x61taservice/v1/common.proto\"\xd1\x07\n\x06Update\x12\x41\n\x10register_dataset\x18\x01 \x01(\x0b\x32%.dataservice.v1.RegisterDatasetUpdateH\x00\x12?\n\x0fregister_worker\x18\x02 \x01(\x0b\x32$.dataservice.v1.RegisterWorkerUpdateH\x00\x12\x35\n\ncreate_job\x18\x03 \x01(\x0b\x32\x1f.dataservice.v1.CreateJobUpdateH\x00\x12\x41\n\x10\x63reate_iteration\x18\x04 \x01(\x0b\x32%.dataservice.v1.CreateIterationUpdateH\x00\x12\x37\n\x0b\x63reate_task\x18\x05 \x01(\x0b\x32 .dataservice.v1.CreateTaskUpdateH\x00\x12\x37\n\x0b\x66inish_task\x18\x06 \x01(\x0b\x32 .dataservice.v1.FinishTaskUpdateH\x00\x12P\n\x18\x61\x63quire_iteration_client\x18\x07 \x01(\x0b\x32,.dataservice.v1.AcquireIterationClientUpdateH\x00\x12P\n\x18release_iteration_client\x18\x08 \x01(\x0b\x32,.dataservice.v1.ReleaseIterationClientUpdateH\x00\x12\x41\n\x10\x66inish_iteration\x18\t \x01(\x0b\x32%.dataservice.v1.FinishIterationUpdateH\x00\x12=\n\x0eproduce_splits\x18\n \x01(\x0b\x32#.dataservice.v1.ProduceSplitsUpdateH\x00\x12\x37\n\x0breserve_ids\x18\x0b \x01(\x0b\x32 .dataservice.v1.ReserveIdsUpdateH\x00\x12\x39\n\x0cstart_splits\x18\x0c \x01(\x0b\x32!.dataservice.v1.StartSplitsUpdateH\x00\x12;\n\rreturn_splits\x18\r \x01(\x0b\x32\".dataservice.v1.ReturnSplitsUpdateH\x00\x12;\n\rremove_worker\x18\x0e \x01(\x0b\x32\".dataservice.v1.RemoveWorkerUpdateH\x00\x12;\n\rextend_rounds\x18\x0f \x01(\x0b\x32\".dataservice.v1.ExtendRoundsUpdateH\x00\x42\x06\n\x04kind\"s\n\x15RegisterDatasetUpdate\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x31\n\x08metadata\x18\x03 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\"H\n\x14RegisterWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x18\n\x10transfer_address\x18\x02 \x01(\t\"\xec\x01\n\x0f\x43reateJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12:\n\x0fprocessing_mode\x18\x03 \x01(\x0b\x32!.dataservice.v1.ProcessingModeDef\x12\x10\n\x08job_name\x18\x04 \x01(\t\x12\x15\n\rnum_consumers\x18\x05 \x01(\x03\x12\x35\n\x0etarget_workers\x18\x06 \x01(\x0e\x32\x1d.dataservice.v1.TargetWorkers\x12\x19\n\x11split_group_sizes\x18\x07 \x03(\x03\"Q\n\x15\x43reateIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\"i\n\x10\x43reateTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x16\n\x0estarting_round\x18\x04 \x01(\x03\"#\n\x10\x46inishTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\"Q\n\x1c\x41\x63quireIterationClientUpdate\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\";\n\x1cReleaseIterationClientUpdate\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\"-\n\x15\x46inishIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\"\xa3\x01\n\x13ProduceSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\x0f\n\x07task_id\x18\x06 \x01(\x03\x12\r\n\x05index\x18\x07 \x01(\x03\x12\x11\n\tfrom_pool\x18\x08 \x01(\x08\"r\n\x11StartSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x03 \x01(\x03\x12\x12\n\nrepetition\x18\x04 \x01(\x03\x12\r\n\x05index\x18\x05 \x01(\x03\"o\n\x12ReturnSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\"@\n\x12RemoveWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x12\n\nlost_tasks\x18\x02 \x03(\x03\"\x89\x01\n\x10ReserveIdsUpdate\x12\x17\n\x0fnext_dataset_id\x18\x01 \x01(\x03\x12\x13\n\x0bnext_job_id\x18\x02 \x01(\x03\x12\x19\n\x11next_iteration_id\x18\x03 \x01(\x03\x12\x14\n\x0cnext_task_id\x18\x04 \x01(\x03\x12\x16\n\x0enext_client_id\x18\x05 \x01(\x03\"?\n\x12\x45xtendRoundsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bround_limit\x18\x02 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x61taservice/v1/journal.proto\x12\x0e\x64\x61taservice.v1\x1a\x1b\x64\x61taservice/v1/common.proto\"\xd1\x07\n\x06Update\x12\x41\n\x10register_dataset\x18\x01 \x01(\x0b\x32%.dataservice.v1.RegisterDatasetUpdateH\x00\x12?\n\x0fregister_worker\x18\x02 \x01(\x0b\x32$.dataservice.v1.RegisterWorkerUpdateH\x00\x12\x35\n\ncreate_job\x18\x03 \x01(\x0b\x32\x1f.dataservice.v1.CreateJobUpdateH\x00\x12\x41\n\x10\x63reate_iteration\x18\x04 \x01(\x0b\x32%.dataservice.v1.CreateIterationUpdateH\x00\x12\x37\n\x0b\x63reate_task\x18\x05 \x01(\x0b\x32 .dataservice.v1.CreateTaskUpdateH\x00\x12\x37\n\x0b\x66inish_task\x18\x06 \x01(\x0b\x32 .dataservice.v1.FinishTaskUpdateH\x00\x12P\n\x18\x61\x63quire_iteration_client\x18\x07 \x01(\x0b\x32,.dataservice.v1.AcquireIterationClientUpdateH\x00\x12P\n\x18release_iteration_client\x18\x08 \x01(\x0b\x32,.dataservice.v1.ReleaseIterationClientUpdateH\x00\x12\x41\n\x10\x66inish_iteration\x18\t \x01(\x0b\x32%.dataservice.v1.FinishIterationUpdateH\x00\x12=\n\x0eproduce_splits\x18\n \x01(\x0b\x32#.dataservice.v1.ProduceSplitsUpdateH\x00\x12\x37\n\x0breserve_ids\x18\x0b \x01(\x0b\x32 .dataservice.v1.ReserveIdsUpdateH\x00\x12\x39\n\x0cstart_splits\x18\x0c \x01(\x0b\x32!.dataservice.v1.StartSplitsUpdateH\x00\x12;\n\rreturn_splits\x18\r \x01(\x0b\x32\".dataservice.v1.ReturnSplitsUpdateH\x00\x12;\n\rremove_worker\x18\x0e \x01(\x0b\x32\".dataservice.v1.RemoveWorkerUpdateH\x00\x12;\n\rextend_rounds\x18\x0f \x01(\x0b\x32\".dataservice.v1.ExtendRoundsUpdateH\x00\x42\x06\n\x04kind\"s\n\x15RegisterDatasetUpdate\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x31\n\x08metadata\x18\x03 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\"\\\n\x14RegisterWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x18\n\x10transfer_address\x18\x02 \x01(\t\x12\x12\n\nworker_uid\x18\x03 \x01(\x04\"\xec\x01\n\x0f\x43reateJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12:\n\x0fprocessing_mode\x18\x03 \x01(\x0b\x32!.dataservice.v1.ProcessingModeDef\x12\x10\n\x08job_name\x18\x04 \x01(\t\x12\x15\n\rnum_consumers\x18\x05 \x01(\x03\x12\x35\n\x0etarget_workers\x18\x06 \x01(\x0e\x32\x1d.dataservice.v1.TargetWorkers\x12\x19\n\x11split_group_sizes\x18\x07 \x03(\x03\"Q\n\x15\x43reateIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\"i\n\x10\x43reateTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x16\n\x0estarting_round\x18\x04 \x01(\x03\"#\n\x10\x46inishTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\"Q\n\x1c\x41\x63quireIterationClientUpdate\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\";\n\x1cReleaseIterationClientUpdate\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\"-\n\x15\x46inishIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\"\xa3\x01\n\x13ProduceSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\x0f\n\x07task_id\x18\x06 \x01(\x03\x12\r\n\x05index\x18\x07 \x01(\x03\x12\x11\n\tfrom_pool\x18\x08 \x01(\x08\"r\n\x11StartSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x03 \x01(\x03\x12\x12\n\nrepetition\x18\x04 \x01(\x03\x12\r\n\x05index\x18\x05 \x01(\x03\"o\n\x12ReturnSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\"@\n\x12RemoveWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x12\n\nlost_tasks\x18\x02 \x03(\x03\"\x89\x01\n\x10ReserveIdsUpdate\x12\x17\n\x0fnext_dataset_id\x18\x01 \x01(\x03\x12\x13\n\x0bnext_job_id\x18\x02 \x01(\x03\x12\x19\n\x11next_iteration_id\x18\x03 \x01(\x03\x12\x14\n\x0cnext_task_id\x18\x04 \x01(\x03\x12\x16\n\x0enext_client_id\x18\x05 \x01(\x03\"?\n\x12\x45xtendRoundsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bround_limit\x18\x02 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,31 +37,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERDATASETUPDATE']._serialized_start=1057
   _globals['_REGISTERDATASETUPDATE']._serialized_end=1172
   _globals['_REGISTERWORKERUPDATE']._serialized_start=1174
-  _globals['_REGISTERWORKERUPDATE']._serialized_end=1246
-  _globals['_CREATEJOBUPDATE']._serialized_start=1249
-  _globals['_CREATEJOBUPDATE']._serialized_end=1485
-  _globals['_CREATEITERATIONUPDATE']._serialized_start=1487
-  _globals['_CREATEITERATIONUPDATE']._serialized_end=1568
-  _globals['_CREATETASKUPDATE']._serialized_start=1570
-  _globals['_CREATETASKUPDATE']._serialized_end=1675
-  _globals['_FINISHTASKUPDATE']._serialized_start=1677
-  _globals['_FINISHTASKUPDATE']._serialized_end=1712
-  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_start=1714
-  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_end=1795
-  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_start=1797
-  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_end=1856
-  _globals['_FINISHITERATIONUPDATE']._serialized_start=1858
-  _globals['_FINISHITERATIONUPDATE']._serialized_end=1903
-  _globals['_PRODUCESPLITSUPDATE']._serialized_start=1906
-  _globals['_PRODUCESPLITSUPDATE']._serialized_end=2069
-  _globals['_STARTSPLITSUPDATE']._serialized_start=2071
-  _globals['_STARTSPLITSUPDATE']._serialized_end=2185
-  _globals['_RETURNSPLITSUPDATE']._serialized_start=2187
-  _globals['_RETURNSPLITSUPDATE']._serialized_end=2298
-  _globals['_REMOVEWORKERUPDATE']._serialized_start=2300
-  _globals['_REMOVEWORKERUPDATE']._serialized_end=2364
-  _globals['_RESERVEIDSUPDATE']._serialized_start=2367
-  _globals['_RESERVEIDSUPDATE']._serialized_end=2504
-  _globals['_EXTENDROUNDSUPDATE']._serialized_start=2506
-  _globals['_EXTENDROUNDSUPDATE']._serialized_end=2569
+  _globals['_REGISTERWORKERUPDATE']._serialized_end=1266
+  _globals['_CREATEJOBUPDATE']._serialized_start=1269
+  _globals['_CREATEJOBUPDATE']._serialized_end=1505
+  _globals['_CREATEITERATIONUPDATE']._serialized_start=1507
+  _globals['_CREATEITERATIONUPDATE']._serialized_end=1588
+  _globals['_CREATETASKUPDATE']._serialized_start=1590
+  _globals['_CREATETASKUPDATE']._serialized_end=1695
+  _globals['_FINISHTASKUPDATE']._serialized_start=1697
+  _globals['_FINISHTASKUPDATE']._serialized_end=1732
+  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_start=1734
+  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_end=1815
+  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_start=1817
+  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_end=1876
+  _globals['_FINISHITERATIONUPDATE']._serialized_start=1878
+  _globals['_FINISHITERATIONUPDATE']._serialized_end=1923
+  _globals['_PRODUCESPLITSUPDATE']._serialized_start=1926
+  _globals['_PRODUCESPLITSUPDATE']._serialized_end=2089
+  _globals['_STARTSPLITSUPDATE']._serialized_start=2091
+  _globals['_STARTSPLITSUPDATE']._serialized_end=2205
+  _globals['_RETURNSPLITSUPDATE']._serialized_start=2207
+  _globals['_RETURNSPLITSUPDATE']._serialized_end=2318
+  _globals['_REMOVEWORKERUPDATE']._serialized_start=2320
+  _globals['_REMOVEWORKERUPDATE']._serialized_end=2384
+  _globals['_RESERVEIDSUPDATE']._serialized_start=2387
+  _globals['_RESERVEIDSUPDATE']._serialized_end=2524
+  _globals['_EXTENDROUNDSUPDATE']._serialized_start=2526
+  _globals['_EXTENDROUNDSUPDATE']._serialized_end=2589
 # @@protoc_insertion_point(module_scope)

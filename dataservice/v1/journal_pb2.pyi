@@ -52,12 +52,14 @@ class RegisterDatasetUpdate(_message.Message):
     def __init__(self, dataset_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ...) -> None: ...
 
 class RegisterWorkerUpdate(_message.Message):
-    __slots__ = ("worker_address", "transfer_address")
+    __slots__ = ("worker_address", "transfer_address", "worker_uid")
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_UID_FIELD_NUMBER: _ClassVar[int]
     worker_address: str
     transfer_address: str
-    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ...) -> None: ...
+    worker_uid: int
+    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., worker_uid: _Optional[int] = ...) -> None: ...
 
 class CreateJobUpdate(_message.Message):
     __slots__ = ("job_id", "dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers", "split_group_sizes")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import threading
 from typing import List, Optional, Tuple
 
@@ -51,6 +52,8 @@ class WorkerServer:
         self._port = servers.bind(self._server, config.port)
         self.address = config.worker_address.replace("%port%", str(self._port))
         self._heartbeat_now = threading.Event()
+        # This process's id for the dispatcher: a worker restarted at the same address is a new one.
+        self._uid = random.getrandbits(63) | 1
         self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set)
         streams = streaming.StreamContext(self.address, self._tasks, self.report_finished)
         servicer = WorkerServicer(streams, start_task=self.start_task, prepare_dataset=self.prepare_dataset)
@@ -131,7 +134,7 @@ class WorkerServer:
 
     def _heartbeat(self, timeout_s: float) -> None:
         response = self._dispatcher.worker_heartbeat(
-            self.address, self.transfer_address, self._tasks.running(), timeout_s
+            self.address, self.transfer_address, self._tasks.running(), timeout_s, worker_uid=self._uid
         )
         for task in response.new_tasks:
             self.start_task(task)

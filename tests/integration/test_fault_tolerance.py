@@ -1,6 +1,8 @@
 """Fault tolerance with real processes: dispatchers and workers killed with SIGKILL."""
 
 import collections
+import socket
+import time
 
 import pytest
 import tensorflow as tf
@@ -8,7 +10,7 @@ from conftest import wait_for_workers
 
 import dataservice as service
 from dataservice import tf_internal
-from dataservice.local_cluster import LocalCluster
+from dataservice.local_cluster import LocalCluster, ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -122,4 +124,49 @@ def test_dispatcher_and_workers_restarted_together():
         # The restarted workers replay the whole dataset (parallel_epochs): every element arrives.
         assert set(got) == set(range(300))
     finally:
+        cluster.stop()
+
+
+def test_worker_restarted_at_its_address_mid_distributed_epoch(capsys):
+    """A worker SIGKILLed and started again at the same address (as a StatefulSet pod is) long before
+    worker_timeout_ms: the dispatcher sees a new process, its old tasks are lost and their unstarted
+    splits re-issued, it gets a task for the running iteration, and the client does not wait on the
+    old stream."""
+    # The dispatcher in this process (to read its state), the workers as processes.
+    cluster = LocalCluster(num_workers=0, processes=False, dispatcher_options={"worker_timeout_ms": 120_000})
+    other = pinned = restarted = None
+    try:
+        with socket.socket() as probe:
+            probe.bind(("localhost", 0))
+            port = probe.getsockname()[1]
+        worker_args = (f"--dispatcher_address={cluster.address}", "--heartbeat_interval_ms=300")
+        other = ServerProcess("--role=worker", "--port=0", *worker_args)
+        fixed = ("--role=worker", f"--port={port}", f"--worker_address=localhost:{port}", *worker_args)
+        pinned = ServerProcess(*fixed)
+        wait_for_workers(cluster.address, 2)
+        n = 2000
+        ds = _slow_range(n, sleep_us=3000).apply(service.distribute("distributed_epoch", cluster.target))
+        got, restarted = [], None
+        started = time.monotonic()
+        for element in ds:
+            got.append(int(element))
+            if len(got) == 300:
+                pinned.kill()
+                restarted = ServerProcess(*fixed)
+        elapsed = time.monotonic() - started
+        assert restarted is not None
+        counts = collections.Counter(got)
+        assert max(counts.values()) == 1, "an element was delivered twice"
+        lost = n - len(counts)
+        with capsys.disabled():
+            print(f"\nworker restarted at its address: {len(counts)} of {n} delivered, {lost} lost, {elapsed:.1f} s")
+        assert lost < n // 4
+        assert elapsed < 60, "the client waited for the old worker's timeout"
+        summary = cluster.dispatcher.state_summary()
+        assert summary["tasks"] == 3, "the restarted worker's old task was lost and a new one made"
+        assert summary["alive_workers"] == 2
+    finally:
+        for process in (other, pinned, restarted):
+            if process is not None:
+                process.kill()
         cluster.stop()

@@ -66,8 +66,10 @@ def register(core: DispatcherCore, dataset: tf.data.Dataset, prepare_workers: bo
     return core.register_dataset(request).dataset_id
 
 
-def heartbeat(core: DispatcherCore, worker: str, current: Tuple[int, ...] = ()):
-    return core.worker_heartbeat(dispatcher_pb2.WorkerHeartbeatRequest(worker_address=worker, current_tasks=current))
+def heartbeat(core: DispatcherCore, worker: str, current: Tuple[int, ...] = (), uid: int = 0):
+    return core.worker_heartbeat(
+        dispatcher_pb2.WorkerHeartbeatRequest(worker_address=worker, current_tasks=current, worker_uid=uid)
+    )
 
 
 def start_iteration(core, dataset_id, policy=OFF, job_name="", num_consumers=0, repetition=0):
@@ -164,6 +166,26 @@ def test_a_lost_workers_unstarted_range_goes_to_the_next_worker(clock, notifier)
     assert lost[0].finished
     assert splits(core, it, tasks["w1:1"], index=0) == (62, 120, False), "the returned range first"
     assert splits(core, it, tasks["w1:1"], index=1)[:2] == (120, 120 + 880 // 8)
+    core.validate()
+
+
+def test_a_worker_restarted_at_its_address_loses_its_old_tasks_and_gets_new_ones(clock, notifier):
+    core = make_core(clock, notifier, worker_timeout_ms=60_000)
+    heartbeat(core, "w1:1", uid=11)
+    heartbeat(core, "w2:1", uid=21)
+    iteration = start_iteration(core, register(core, tf.data.Dataset.range(1000)), DYNAMIC)
+    it, client = iteration.iteration_id, iteration.iteration_client_id
+    old = tasks_by_worker(core, client)["w2:1"]
+    splits(core, it, old, index=0)
+    splits(core, it, old, index=1)  # (0, 62) started; (62, 120) handed out, not started
+    assert not heartbeat(core, "w2:1", current=(old,), uid=21).new_tasks, "the same process: nothing changes"
+    (new_task,) = heartbeat(core, "w2:1", uid=22).new_tasks  # a new process at the address
+    assert new_task.task_id != old
+    infos = {t.task_id: t for t in client_heartbeat(core, client).tasks}
+    assert infos[old].finished and infos[old].lost, "clients stop reading the old stream"
+    assert not infos[new_task.task_id].finished
+    assert splits(core, it, new_task.task_id, index=0) == (62, 120, False), "the unstarted range is handed out again"
+    assert core.summary()["alive_workers"] == 2
     core.validate()
 
 
