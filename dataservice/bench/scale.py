@@ -19,8 +19,9 @@ import dataclasses
 import pathlib
 import random
 import tempfile
+import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -34,6 +35,8 @@ NUM_JOBS = 20
 CLIENTS_PER_JOB = 10
 # Splits of the simulated source: enough that no job runs out while it is measured.
 NUM_SPLITS = 10**9
+# The snapshot-stall measurement's heartbeats: 100 a second (100 workers at the default interval).
+HEARTBEAT_PERIOD_S = 0.01
 
 
 class _Clock:
@@ -177,3 +180,80 @@ def run(worker_counts=(10, 100, 1000), quick: bool = False) -> List[ScaleResult]
                 )
             )
     return results
+
+
+@dataclasses.dataclass
+class SnapshotStall:
+    updates: int
+    snapshot_s: float
+    heartbeat_p50_ms: float
+    heartbeat_p99_ms: float
+    heartbeat_max_ms: float
+    heartbeats: int
+
+
+def snapshot_stall(target_updates: int = 100_000, journal_dir: Optional[pathlib.Path] = None) -> SnapshotStall:
+    """Worker heartbeat latency while the dispatcher snapshots a state of about `target_updates`
+    updates: heartbeats scheduled every HEARTBEAT_PERIOD_S from a request that triggers the
+    snapshot until the snapshot is on disk."""
+    with tempfile.TemporaryDirectory(prefix="dataservice-snapshot-") as tmp:
+        directory = journal_dir or pathlib.Path(tmp)
+        writer = journal.JournalWriter(directory, 0, sync=False)
+        config = DispatcherConfig(worker_timeout_ms=10**9, client_timeout_ms=10**9, job_gc_timeout_ms=10**9)
+        core = DispatcherCore(config, "simulated:0", journal=writer, clock=_Clock(), snapshot_every=10**9)
+        workers = [f"worker-{i}:5000" for i in range(500)]
+        for address in workers:
+            core.worker_heartbeat(dispatcher_pb2.WorkerHeartbeatRequest(worker_address=address))
+        source = tf.data.Dataset.range(10)
+        metadata = common_pb2.DatasetMetadata(element_spec=graph_lib.encode_element_spec(source.element_spec))
+        dataset_id = core.register_dataset(
+            dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_lib.serialize_dataset(source), metadata=metadata)
+        ).dataset_id
+        jobs = 0
+        while writer.appended < target_updates:
+            job_id = core.get_or_create_job(
+                dispatcher_pb2.GetOrCreateJobRequest(dataset_id=dataset_id, job_name=f"job-{jobs}")
+            ).job_id
+            core.get_or_create_iteration(dispatcher_pb2.GetOrCreateIterationRequest(job_id=job_id))
+            jobs += 1
+        updates = writer.appended
+        # (intended time, latency) of heartbeats scheduled every HEARTBEAT_PERIOD_S. Latency counts from
+        # the intended time, so that a heartbeat held up by a stall also delays, and is charged to,
+        # the ones scheduled behind it (as heartbeats from many workers would be).
+        samples: List[Tuple[float, float]] = []
+        done = threading.Event()
+
+        def heartbeats() -> None:
+            request = dispatcher_pb2.WorkerHeartbeatRequest(worker_address=workers[0])
+            start, period, i = time.perf_counter(), HEARTBEAT_PERIOD_S, 0
+            while not done.is_set():
+                intended = start + i * period
+                wait = intended - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                core.worker_heartbeat(request)
+                samples.append((intended, time.perf_counter() - intended))
+                i += 1
+
+        thread = threading.Thread(target=heartbeats)
+        thread.start()
+        time.sleep(0.2)
+        began = time.perf_counter()
+        core.snapshot_soon()
+        core.get_or_create_job(dispatcher_pb2.GetOrCreateJobRequest(dataset_id=dataset_id, job_name="trigger"))
+        core.wait_for_snapshot(timeout_s=120)
+        snapshot_s = time.perf_counter() - began
+        time.sleep(0.2)
+        done.set()
+        thread.join()
+        writer.close()
+        latencies = [latency for intended, latency in samples if began <= intended <= began + snapshot_s]
+        ordered = sorted(latencies)
+        return SnapshotStall(
+            updates=updates,
+            snapshot_s=snapshot_s,
+            heartbeat_p50_ms=ordered[len(ordered) // 2] * 1000,
+            heartbeat_p99_ms=ordered[int(len(ordered) * 0.99)] * 1000,
+            heartbeat_max_ms=ordered[-1] * 1000,
+            heartbeats=len(ordered),
+        )

@@ -150,13 +150,24 @@ class DispatcherCore:
         if self._journal is not None:
             self._since_snapshot += 1
             if self._since_snapshot >= self._snapshot_every:
-                # Keeps recovery time flat however long the dispatcher runs. A snapshot that fails
-                # loses nothing (the segments stay): it is tried again after the next interval.
-                self._since_snapshot = 0
+                # Keeps recovery time flat however long the dispatcher runs; written in the
+                # background from the journal's own files, so requests do not wait for it. A
+                # snapshot that fails loses nothing (the segments stay): the next one is tried later.
                 try:
-                    self._journal.snapshot(self._state.to_updates())
+                    if self._journal.snapshot_in_background(_rebuild):
+                        self._since_snapshot = 0
                 except OSError as e:
-                    log.error("journal snapshot failed (the journal is whole; retried later): %s", e)
+                    self._since_snapshot = 0
+                    log.error("starting a journal snapshot failed (the journal is whole; retried later): %s", e)
+
+    def snapshot_soon(self) -> None:
+        """Makes the next journaled change also write a snapshot (as every snapshot_every-th does)."""
+        with self._lock:
+            self._since_snapshot = self._snapshot_every
+
+    def wait_for_snapshot(self, timeout_s: float) -> bool:
+        """Waits for a snapshot being written to be on disk; False on timeout."""
+        return self._journal is None or self._journal.wait_for_snapshot(timeout_s)
 
     def _where(self) -> str:
         return f"the dispatcher at {self._address}"
@@ -645,6 +656,14 @@ class DispatcherCore:
             )
         )
         return dispatcher_pb2.GetSplitsResponse(begin=begin, end=begin + count)
+
+
+def _rebuild(updates: List[journal_pb2.Update]) -> List[journal_pb2.Update]:
+    """The updates that rebuild the state `updates` make (a snapshot's content)."""
+    state = DispatcherState()
+    for update in updates:
+        state.apply(update)
+    return state.to_updates()
 
 
 def _check_same_job(job: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:

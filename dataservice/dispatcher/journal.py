@@ -37,7 +37,8 @@ import os
 import pathlib
 import re
 import struct
-from typing import Iterable, List, Optional, Tuple
+import threading
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import google_crc32c
 
@@ -234,16 +235,20 @@ def _files(directory: pathlib.Path) -> List[Tuple[int, str, pathlib.Path]]:
     return sorted(found)
 
 
-def read(directory: pathlib.Path) -> Replay:
+def read(directory: pathlib.Path, before: Optional[int] = None) -> Replay:
     """What to replay: the newest snapshot's updates, then those of the segments after it.
-    Raises JournalCorruptError on damage (see the module docstring)."""
-    files = _files(directory)
+    Raises JournalCorruptError on damage (see the module docstring).
+
+    `before`: only the files numbered below it, all of them finished (a background snapshot
+    replays them while the writer appends to segment `before`): none may be torn."""
+    files = [f for f in _files(directory) if before is None or f[0] < before]
     snapshots = [(seq, path) for seq, kind, path in files if kind == "snapshot"]
     base = snapshots[-1][0] if snapshots else None
     segments = [(seq, path) for seq, kind, path in files if kind == "journal" and (base is None or seq >= base)]
     updates: List[journal_pb2.Update] = []
     if snapshots:
         updates.extend(_read_file(snapshots[-1][1], "snapshot", base, newest=False).updates)
+    from_snapshot = base is not None
     if base is None and segments:
         base = segments[0][0]
     expected_seq = base
@@ -252,13 +257,16 @@ def read(directory: pathlib.Path) -> Replay:
         if seq != expected_seq:
             missing = directory / f"journal-{expected_seq:010d}.log"
             raise JournalCorruptError(missing, 0, f"the segment is missing (the next one is {path.name})")
-        newest = i == len(segments) - 1
+        newest = before is None and i == len(segments) - 1
         result = _read_file(path, "journal", seq, newest)
-        if result.header.get("base") != base:
+        # A segment names where replay started when it was made: that snapshot or first segment, or
+        # (a snapshot written since) an earlier one. Anything later means a file is missing.
+        builds_on = result.header.get("base")
+        if not isinstance(builds_on, int) or (builds_on > base if from_snapshot else builds_on != base):
             raise JournalCorruptError(
                 path,
                 0,
-                f"it builds on sequence number {result.header.get('base')}, but replay would start at {base}: "
+                f"it builds on sequence number {builds_on}, but replay would start at {base}: "
                 "the snapshot or segment it follows is missing",
             )
         updates.extend(result.updates)
@@ -327,6 +335,7 @@ class JournalWriter:
         self._seq = seq
         # Where replay starts: the newest snapshot's sequence number, or the first segment's.
         self._base = seq if base is None else base
+        self._snapshotter: Optional[threading.Thread] = None
         self._fd = -1
         self._open_segment(seq)
         # Updates appended by this writer (for benchmarks and metrics).
@@ -372,6 +381,49 @@ class JournalWriter:
         self._offset = end
         self.appended += 1
 
+    def snapshot_in_background(
+        self, rebuild: Callable[[List[journal_pb2.Update]], Iterable[journal_pb2.Update]]
+    ) -> bool:
+        """Starts a snapshot without holding up appends: a new segment starts now, and a thread
+        replays the files before it, turns their updates into the fewer updates that rebuild the
+        same state (`rebuild`), writes them as the snapshot and deletes the files it replaces.
+        False, and nothing done, while the previous snapshot is still being written. Raises
+        OSError if the new segment cannot be made (nothing changed then)."""
+        if self._snapshotter is not None and self._snapshotter.is_alive():
+            return False
+        seq = self._seq + 1
+        old_fd = self._fd
+        self._open_segment(seq)
+        self._seq = seq
+        os.close(old_fd)
+        self._snapshotter = threading.Thread(
+            target=self._write_snapshot, args=(seq, rebuild), name="journal-snapshot", daemon=True
+        )
+        self._snapshotter.start()
+        return True
+
+    def _write_snapshot(self, seq: int, rebuild: Callable[[List[journal_pb2.Update]], Iterable[journal_pb2.Update]]):
+        try:
+            records = [encode_update(u) for u in rebuild(read(self._dir, before=seq).updates)]
+            header = _header_record(kind="snapshot", seq=seq, records=len(records))
+            durable_files.write_durably(self._dir / f"snapshot-{seq:010d}.log", [header, *records])
+            # Segments made from now on build on the snapshot (those before still name the old base).
+            self._base = seq
+            for old_seq, _, path in _files(self._dir):
+                if old_seq < seq:
+                    path.unlink()
+            durable_files.fsync_directory(self._dir)
+            log.info("journal snapshot %d written (%d updates)", seq, len(records))
+        except Exception:  # noqa: BLE001 - the journal is whole without it; the next one is tried later
+            log.exception("writing journal snapshot %d failed; the segments stay", seq)
+
+    def wait_for_snapshot(self, timeout_s: float) -> bool:
+        """Waits for a background snapshot to finish; False if it is still running after `timeout_s`."""
+        if self._snapshotter is not None:
+            self._snapshotter.join(timeout_s)
+            return not self._snapshotter.is_alive()
+        return True
+
     def snapshot(self, updates: Iterable[journal_pb2.Update]) -> None:
         """Replaces the journal so far by `updates` (which rebuild the current state) and
         starts a new segment; recovery then replays the snapshot and what follows it."""
@@ -392,6 +444,7 @@ class JournalWriter:
         durable_files.fsync_directory(self._dir)
 
     def close(self) -> None:
+        self.wait_for_snapshot(timeout_s=60)
         if self._fd >= 0:
             if not self._sync:
                 os.fsync(self._fd)

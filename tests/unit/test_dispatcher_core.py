@@ -8,7 +8,9 @@ import tensorflow as tf
 
 from dataservice import status
 from dataservice.config import DispatcherConfig
+from dataservice.dispatcher import journal
 from dataservice.dispatcher.core import MIN_ROUND_WINDOW, DispatcherCore, split_range_size
+from dataservice.dispatcher.state import DispatcherState
 from dataservice.pipeline import graph as graph_lib
 from dataservice.v1 import common_pb2, dispatcher_pb2
 
@@ -282,3 +284,22 @@ def test_unknown_objects_are_not_found_with_the_dispatchers_address(clock, notif
     with pytest.raises(status.ServiceError) as info:
         core.get_data_service_metadata(dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=""))
     assert info.value.code == status.Code.INVALID_ARGUMENT
+
+
+def test_snapshots_are_written_in_the_background_and_a_restart_recovers_the_state(tmp_path, clock, notifier):
+    writer = journal.JournalWriter(tmp_path, 0, chunk_bytes=1024)
+    config = DispatcherConfig(worker_timeout_ms=2000, client_timeout_ms=3000, job_gc_timeout_ms=5000)
+    core = DispatcherCore(config, "test:0", journal=writer, clock=clock, notifier=notifier, snapshot_every=7)
+    heartbeat(core, "w1:1", uid=1)
+    heartbeat(core, "w2:1", uid=2)
+    dataset_id = register(core, tf.data.Dataset.range(100))
+    for name in ("a", "b", "c", "d"):
+        start_iteration(core, dataset_id, DYNAMIC, job_name=name)
+    assert core.wait_for_snapshot(30)
+    writer.close()
+    assert any(p.name.startswith("snapshot-") for p in tmp_path.iterdir())
+    state = DispatcherState()
+    for update in journal.read(tmp_path).updates:
+        state.apply(update)
+    state.validate()
+    assert state.summary() == core.summary()

@@ -2,6 +2,7 @@
 
 import collections
 import random
+import threading
 
 import pytest
 from test_state import comparable, random_updates
@@ -121,6 +122,57 @@ def test_snapshot_replaces_old_segments(tmp_path):
     replay = journal.read(tmp_path)
     assert comparable(_state(replay.updates)) == comparable(_state(updates))
     assert replay.next_seq == 2
+
+
+def _rebuild(updates):
+    return _state(updates).to_updates()
+
+
+def test_a_background_snapshot_lets_appends_go_on_and_replaces_the_old_files(tmp_path):
+    updates = random_updates(random.Random(10), 90)
+    writer = journal.JournalWriter(tmp_path, 0, chunk_bytes=CHUNK)
+    for update in updates[:60]:
+        writer.append(update)
+    release = threading.Event()
+
+    def held_rebuild(replayed):
+        release.wait(30)
+        return _rebuild(replayed)
+
+    assert writer.snapshot_in_background(held_rebuild)
+    for update in updates[60:]:
+        writer.append(update)  # appends go on while the snapshot is being made
+    assert not writer.snapshot_in_background(_rebuild), "one snapshot at a time"
+    assert not writer.wait_for_snapshot(0.05)
+    release.set()
+    assert writer.wait_for_snapshot(30)
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal-0000000001.log", "snapshot-0000000001.log"]
+    assert comparable(_state(journal.read(tmp_path).updates)) == comparable(_state(updates))
+
+
+def test_a_background_snapshot_that_fails_leaves_the_journal_whole(tmp_path):
+    updates = random_updates(random.Random(11), 60)
+    writer = journal.JournalWriter(tmp_path, 0, chunk_bytes=CHUNK)
+    for update in updates[:30]:
+        writer.append(update)
+
+    def failing(_):
+        raise OSError(28, "No space left on device")
+
+    assert writer.snapshot_in_background(failing)
+    writer.wait_for_snapshot(30)
+    for update in updates[30:45]:
+        writer.append(update)
+    # The state a crash now would recover: the old segment, then the new one (which names the old base).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal-0000000000.log", "journal-0000000001.log"]
+    assert journal.read(tmp_path).updates == updates[:45]
+    assert writer.snapshot_in_background(_rebuild), "the next snapshot is tried"
+    for update in updates[45:]:
+        writer.append(update)
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal-0000000002.log", "snapshot-0000000002.log"]
+    assert comparable(_state(journal.read(tmp_path).updates)) == comparable(_state(updates))
 
 
 def test_a_crash_between_a_snapshot_and_its_segment_recovers(tmp_path):
