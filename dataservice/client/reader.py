@@ -12,6 +12,7 @@ says every task finished and every stream this client opened has ended.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -64,8 +65,20 @@ class IterationReader:
         # Tasks the dispatcher reports finished: their data ran out, or their worker was lost.
         self._finished_tasks: set = set()
         self._error: Optional[BaseException] = None
+        # parallel_epochs ends: per task, the elements put in the queue and those the consumer has gone
+        # past; the tasks whose stream ended with an end of sequence; those whose end it has reached.
+        self._queued_counts: Dict[int, int] = collections.Counter()
+        self._passed_counts: Dict[int, int] = collections.Counter()
+        self._ended_tasks: set = set()
+        self._consumed_ends: set = set()
         self.session = IterationSession(
-            dispatcher_address, job, repetition, timeout_s, on_heartbeat=self._on_heartbeat, on_error=self.fail
+            dispatcher_address,
+            job,
+            repetition,
+            timeout_s,
+            on_heartbeat=self._on_heartbeat,
+            on_error=self.fail,
+            consumed_tasks=self.consumed_tasks,
         )
         self.client_id = self.session.client_id
         self.session.start()
@@ -106,6 +119,12 @@ class IterationReader:
                 yield taken[0][2]
             else:
                 yield tuple(_concatenate(parts) for parts in zip(*(item for _, _, item in taken)))
+            # tf.data asks for the next chunk once it has handed out this one's elements: only now
+            # has the consumer gone past them.
+            with self._lock:
+                for stream, count, _ in taken:
+                    self._passed_counts[stream.task_id] += count
+            self._check_consumed_ends({stream.task_id for stream, _, _ in taken})
 
     def _finished(self) -> bool:
         with self._lock:
@@ -153,13 +172,37 @@ class IterationReader:
     # ---- called by the streams -------------------------------------------
 
     def put(self, stream: "_TaskStream", count: int, item: tuple) -> None:
+        with self._lock:
+            self._queued_counts[stream.task_id] += count
         self._queue.put((stream, count, item))
 
-    def stream_ended(self, stream: "_TaskStream") -> None:
-        """The stream will receive nothing more: the credits it was granted and did not use return."""
+    def stream_ended(self, stream: "_TaskStream", end_of_sequence: bool = False) -> None:
+        """The stream will receive nothing more: the credits it was granted and did not use return.
+        `end_of_sequence`: it ended with its task's end (not with a lost worker or an error)."""
         self.credits.end(stream.task_id)
+        if end_of_sequence:
+            with self._lock:
+                self._ended_tasks.add(stream.task_id)
+            self._check_consumed_ends({stream.task_id})
         self._queue.put(_WAKE)
         self.session.wake()
+
+    def _check_consumed_ends(self, task_ids: set) -> None:
+        """Tasks whose end the consumer has now reached (it has gone past every element of theirs)
+        are reported to the dispatcher at once: in parallel_epochs that is what finishes them."""
+        with self._lock:
+            reached = {
+                t
+                for t in (task_ids & self._ended_tasks) - self._consumed_ends
+                if self._passed_counts[t] == self._queued_counts[t]
+            }
+            self._consumed_ends |= reached
+        if reached:
+            self.session.wake()
+
+    def consumed_tasks(self) -> list:
+        with self._lock:
+            return sorted(self._consumed_ends)
 
     def task_finished(self, task_id: int) -> bool:
         with self._lock:
@@ -242,7 +285,7 @@ class _TaskStream:
                         reader.credits.received(self.task_id, chunk.num_elements)
                         reader.put(self, chunk.num_elements, components)
                     if response.end_of_sequence:
-                        reader.stream_ended(self)
+                        reader.stream_ended(self, end_of_sequence=True)
                         return
                 error: BaseException = tf.errors.UnavailableError(
                     None,

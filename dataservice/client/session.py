@@ -13,7 +13,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Callable, FrozenSet, Optional
+from typing import Callable, FrozenSet, Optional, Sequence
 
 import tensorflow as tf
 
@@ -72,6 +72,7 @@ class IterationSession:
         on_heartbeat: Callable[[dispatcher_pb2.ClientHeartbeatResponse], None],
         on_error: Callable[[BaseException], None],
         current_round: Callable[[], int] = lambda: 0,
+        consumed_tasks: Callable[[], Sequence[int]] = lambda: (),
     ):
         self._address = dispatcher_address
         self.timeout_s = timeout_s
@@ -79,6 +80,7 @@ class IterationSession:
         self._on_heartbeat = on_heartbeat
         self._on_error = on_error
         self._current_round = current_round
+        self._consumed_tasks = consumed_tasks
         self._dispatcher = DispatcherClient(dispatcher_address, timeout_s, shared=True)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -125,7 +127,7 @@ class IterationSession:
                 return
 
     def _heartbeat(self) -> None:
-        response = self._dispatcher.client_heartbeat(self.client_id, self._current_round())
+        response = self._dispatcher.client_heartbeat(self.client_id, self._current_round(), self._consumed_tasks())
         if self.local_only:
             local = [t for t in response.tasks if is_local_worker(t.worker_address)]
             if response.tasks and not local:

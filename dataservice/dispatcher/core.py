@@ -415,6 +415,8 @@ class DispatcherCore:
             self._client_seen[ClientId(request.iteration_client_id)] = now
             if self._state.job_of(iteration).num_consumers:
                 self.extend_rounds(iteration.iteration_id, request.current_round, now)
+            for task_id in request.consumed_tasks:
+                self._record_consumed(iteration, task_id)
             response = dispatcher_pb2.ClientHeartbeatResponse(
                 iteration_finished=iteration.finished, round_limit=iteration.round_limit
             )
@@ -428,6 +430,22 @@ class DispatcherCore:
                     lost=task.lost,
                 )
         return response
+
+    def _clients_finish_tasks(self, job: Job) -> bool:
+        """parallel_epochs (not coordinated reads): a task is finished once a client of its
+        iteration has consumed its end, not when its worker has sent it, so that a worker that
+        registers while the client still reads buffered elements gets a task and is read too.
+        (Not every client: consumers stepped in turn by one thread would wait on each other.)"""
+        return job.sharding_policy == common_pb2.SHARDING_POLICY_OFF and not job.num_consumers
+
+    def _record_consumed(self, iteration, task_id: int) -> None:
+        task = self._state.task(task_id)
+        if task is None or task.iteration_id != iteration.iteration_id:
+            raise status.invalid_argument(
+                f"consumed task {task_id} is not a task of iteration {iteration.iteration_id}"
+            )
+        if not task.finished and self._clients_finish_tasks(self._state.job_of(iteration)):
+            self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task.task_id))
 
     def extend_rounds(self, iteration_id: int, current_round: int, now: float) -> None:
         """Coordinated reads: grants the iteration's clients rounds ahead of the most advanced of
@@ -567,7 +585,10 @@ class DispatcherCore:
                     raise status.invalid_argument(
                         f"task {task_id} belongs to worker {task.worker_address}, not {request.worker_address}"
                     )
-                if not task.finished:
+                clients_finish = self._clients_finish_tasks(
+                    self._state.job_of(self._state.iteration(task.iteration_id))
+                )
+                if not task.finished and not clients_finish:
                     self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
         return dispatcher_pb2.WorkerUpdateResponse()
 

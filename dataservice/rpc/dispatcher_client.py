@@ -126,10 +126,10 @@ class DispatcherClient:
         return self._call(self._stub.GetOrCreateIteration, request, "creating an iteration")
 
     def client_heartbeat(
-        self, iteration_client_id: int, current_round: int = 0
+        self, iteration_client_id: int, current_round: int = 0, consumed_tasks: Sequence[int] = ()
     ) -> dispatcher_pb2.ClientHeartbeatResponse:
         request = dispatcher_pb2.ClientHeartbeatRequest(
-            iteration_client_id=iteration_client_id, current_round=current_round
+            iteration_client_id=iteration_client_id, current_round=current_round, consumed_tasks=consumed_tasks
         )
         return self._call(self._stub.ClientHeartbeat, request, "client heartbeat")
 

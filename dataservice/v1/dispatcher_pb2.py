@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dataservice.v1 import common_pb2 as dataservice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x64\x61taservice/v1/dispatcher.proto\x12\x0e\x64\x61taservice.v1\x1a\x1b\x64\x61taservice/v1/common.proto\"\x95\x01\n\x16RegisterDatasetRequest\x12\x11\n\tgraph_def\x18\x01 \x01(\x0c\x12\x31\n\x08metadata\x18\x02 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\x12\x1c\n\x14requested_dataset_id\x18\x03 \x01(\t\x12\x17\n\x0fprepare_workers\x18\x04 \x01(\x08\"-\n\x17RegisterDatasetResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"3\n\x1dGetDataServiceMetadataRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"S\n\x1eGetDataServiceMetadataResponse\x12\x31\n\x08metadata\x18\x01 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\"+\n\x15GetElementSpecRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\".\n\x16GetElementSpecResponse\x12\x14\n\x0c\x65lement_spec\x18\x01 \x01(\x0c\"\xc7\x01\n\x15GetOrCreateJobRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12:\n\x0fprocessing_mode\x18\x02 \x01(\x0b\x32!.dataservice.v1.ProcessingModeDef\x12\x10\n\x08job_name\x18\x03 \x01(\t\x12\x15\n\rnum_consumers\x18\x04 \x01(\x03\x12\x35\n\x0etarget_workers\x18\x05 \x01(\x0e\x32\x1d.dataservice.v1.TargetWorkers\"(\n\x16GetOrCreateJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"A\n\x1bGetOrCreateIterationRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nrepetition\x18\x02 \x01(\x03\"Q\n\x1cGetOrCreateIterationResponse\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\"L\n\x16\x43lientHeartbeatRequest\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\x12\x15\n\rcurrent_round\x18\x02 \x01(\x03\"s\n\x17\x43lientHeartbeatResponse\x12\'\n\x05tasks\x18\x01 \x03(\x0b\x32\x18.dataservice.v1.TaskInfo\x12\x1a\n\x12iteration_finished\x18\x02 \x01(\x08\x12\x13\n\x0bround_limit\x18\x03 \x01(\x03\"<\n\x1dReleaseIterationClientRequest\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\" \n\x1eReleaseIterationClientResponse\"\x13\n\x11GetWorkersRequest\"7\n\nWorkerInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x18\n\x10transfer_address\x18\x02 \x01(\t\"A\n\x12GetWorkersResponse\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.dataservice.v1.WorkerInfo\"u\n\x16WorkerHeartbeatRequest\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x18\n\x10transfer_address\x18\x02 \x01(\t\x12\x15\n\rcurrent_tasks\x18\x03 \x03(\x03\x12\x12\n\nworker_uid\x18\x04 \x01(\x04\"^\n\x17WorkerHeartbeatResponse\x12*\n\tnew_tasks\x18\x01 \x03(\x0b\x32\x17.dataservice.v1.TaskDef\x12\x17\n\x0ftasks_to_delete\x18\x02 \x03(\x03\"E\n\x13WorkerUpdateRequest\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x16\n\x0e\x66inished_tasks\x18\x02 \x03(\x03\"\x16\n\x14WorkerUpdateResponse\"*\n\x14GetDatasetDefRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"]\n\x15GetDatasetDefResponse\x12\x11\n\tgraph_def\x18\x01 \x01(\x0c\x12\x31\n\x08metadata\x18\x02 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\"\x85\x01\n\x10GetSplitsRequest\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x03 \x01(\x03\x12\x12\n\nrepetition\x18\x04 \x01(\x03\x12\x12\n\nmax_splits\x18\x05 \x01(\x03\x12\r\n\x05index\x18\x06 \x01(\x03\"F\n\x11GetSplitsResponse\x12\r\n\x05\x62\x65gin\x18\x01 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x03\x12\x15\n\rend_of_splits\x18\x03 \x01(\x08\x32\xc6\t\n\x11\x44ispatcherService\x12\x62\n\x0fRegisterDataset\x12&.dataservice.v1.RegisterDatasetRequest\x1a\'.dataservice.v1.RegisterDatasetResponse\x12w\n\x16GetDataServiceMetadata\x12-.dataservice.v1.GetDataServiceMetadataRequest\x1a..dataservice.v1.GetDataServiceMetadataResponse\x12_\n\x0eGetElementSpec\x12%.dataservice.v1.GetElementSpecRequest\x1a&.dataservice.v1.GetElementSpecResponse\x12_\n\x0eGetOrCreateJob\x12%.dataservice.v1.GetOrCreateJobRequest\x1a&.dataservice.v1.GetOrCreateJobResponse\x12q\n\x14GetOrCreateIteration\x12+.dataservice.v1.GetOrCreateIterationRequest\x1a,.dataservice.v1.GetOrCreateIterationResponse\x12\x62\n\x0f\x43lientHeartbeat\x12&.dataservice.v1.ClientHeartbeatRequest\x1a\'.dataservice.v1.ClientHeartbeatResponse\x12w\n\x16ReleaseIterationClient\x12-.dataservice.v1.ReleaseIterationClientRequest\x1a..dataservice.v1.ReleaseIterationClientResponse\x12S\n\nGetWorkers\x12!.dataservice.v1.GetWorkersRequest\x1a\".dataservice.v1.GetWorkersResponse\x12\x62\n\x0fWorkerHeartbeat\x12&.dataservice.v1.WorkerHeartbeatRequest\x1a\'.dataservice.v1.WorkerHeartbeatResponse\x12Y\n\x0cWorkerUpdate\x12#.dataservice.v1.WorkerUpdateRequest\x1a$.dataservice.v1.WorkerUpdateResponse\x12\\\n\rGetDatasetDef\x12$.dataservice.v1.GetDatasetDefRequest\x1a%.dataservice.v1.GetDatasetDefResponse\x12P\n\tGetSplits\x12 .dataservice.v1.GetSplitsRequest\x1a!.dataservice.v1.GetSplitsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x64\x61taservice/v1/dispatcher.proto\x12\x0e\x64\x61taservice.v1\x1a\x1b\x64\x61taservice/v1/common.proto\"\x95\x01\n\x16RegisterDatasetRequest\x12\x11\n\tgraph_def\x18\x01 \x01(\x0c\x12\x31\n\x08metadata\x18\x02 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\x12\x1c\n\x14requested_dataset_id\x18\x03 \x01(\t\x12\x17\n\x0fprepare_workers\x18\x04 \x01(\x08\"-\n\x17RegisterDatasetResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"3\n\x1dGetDataServiceMetadataRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"S\n\x1eGetDataServiceMetadataResponse\x12\x31\n\x08metadata\x18\x01 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\"+\n\x15GetElementSpecRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\".\n\x16GetElementSpecResponse\x12\x14\n\x0c\x65lement_spec\x18\x01 \x01(\x0c\"\xc7\x01\n\x15GetOrCreateJobRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12:\n\x0fprocessing_mode\x18\x02 \x01(\x0b\x32!.dataservice.v1.ProcessingModeDef\x12\x10\n\x08job_name\x18\x03 \x01(\t\x12\x15\n\rnum_consumers\x18\x04 \x01(\x03\x12\x35\n\x0etarget_workers\x18\x05 \x01(\x0e\x32\x1d.dataservice.v1.TargetWorkers\"(\n\x16GetOrCreateJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"A\n\x1bGetOrCreateIterationRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nrepetition\x18\x02 \x01(\x03\"Q\n\x1cGetOrCreateIterationResponse\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\"d\n\x16\x43lientHeartbeatRequest\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\x12\x15\n\rcurrent_round\x18\x02 \x01(\x03\x12\x16\n\x0e\x63onsumed_tasks\x18\x03 \x03(\x03\"s\n\x17\x43lientHeartbeatResponse\x12\'\n\x05tasks\x18\x01 \x03(\x0b\x32\x18.dataservice.v1.TaskInfo\x12\x1a\n\x12iteration_finished\x18\x02 \x01(\x08\x12\x13\n\x0bround_limit\x18\x03 \x01(\x03\"<\n\x1dReleaseIterationClientRequest\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\" \n\x1eReleaseIterationClientResponse\"\x13\n\x11GetWorkersRequest\"7\n\nWorkerInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x18\n\x10transfer_address\x18\x02 \x01(\t\"A\n\x12GetWorkersResponse\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.dataservice.v1.WorkerInfo\"u\n\x16WorkerHeartbeatRequest\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x18\n\x10transfer_address\x18\x02 \x01(\t\x12\x15\n\rcurrent_tasks\x18\x03 \x03(\x03\x12\x12\n\nworker_uid\x18\x04 \x01(\x04\"^\n\x17WorkerHeartbeatResponse\x12*\n\tnew_tasks\x18\x01 \x03(\x0b\x32\x17.dataservice.v1.TaskDef\x12\x17\n\x0ftasks_to_delete\x18\x02 \x03(\x03\"E\n\x13WorkerUpdateRequest\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x16\n\x0e\x66inished_tasks\x18\x02 \x03(\x03\"\x16\n\x14WorkerUpdateResponse\"*\n\x14GetDatasetDefRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"]\n\x15GetDatasetDefResponse\x12\x11\n\tgraph_def\x18\x01 \x01(\x0c\x12\x31\n\x08metadata\x18\x02 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\"\x85\x01\n\x10GetSplitsRequest\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x03 \x01(\x03\x12\x12\n\nrepetition\x18\x04 \x01(\x03\x12\x12\n\nmax_splits\x18\x05 \x01(\x03\x12\r\n\x05index\x18\x06 \x01(\x03\"F\n\x11GetSplitsResponse\x12\r\n\x05\x62\x65gin\x18\x01 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x03\x12\x15\n\rend_of_splits\x18\x03 \x01(\x08\x32\xc6\t\n\x11\x44ispatcherService\x12\x62\n\x0fRegisterDataset\x12&.dataservice.v1.RegisterDatasetRequest\x1a\'.dataservice.v1.RegisterDatasetResponse\x12w\n\x16GetDataServiceMetadata\x12-.dataservice.v1.GetDataServiceMetadataRequest\x1a..dataservice.v1.GetDataServiceMetadataResponse\x12_\n\x0eGetElementSpec\x12%.dataservice.v1.GetElementSpecRequest\x1a&.dataservice.v1.GetElementSpecResponse\x12_\n\x0eGetOrCreateJob\x12%.dataservice.v1.GetOrCreateJobRequest\x1a&.dataservice.v1.GetOrCreateJobResponse\x12q\n\x14GetOrCreateIteration\x12+.dataservice.v1.GetOrCreateIterationRequest\x1a,.dataservice.v1.GetOrCreateIterationResponse\x12\x62\n\x0f\x43lientHeartbeat\x12&.dataservice.v1.ClientHeartbeatRequest\x1a\'.dataservice.v1.ClientHeartbeatResponse\x12w\n\x16ReleaseIterationClient\x12-.dataservice.v1.ReleaseIterationClientRequest\x1a..dataservice.v1.ReleaseIterationClientResponse\x12S\n\nGetWorkers\x12!.dataservice.v1.GetWorkersRequest\x1a\".dataservice.v1.GetWorkersResponse\x12\x62\n\x0fWorkerHeartbeat\x12&.dataservice.v1.WorkerHeartbeatRequest\x1a\'.dataservice.v1.WorkerHeartbeatResponse\x12Y\n\x0cWorkerUpdate\x12#.dataservice.v1.WorkerUpdateRequest\x1a$.dataservice.v1.WorkerUpdateResponse\x12\\\n\rGetDatasetDef\x12$.dataservice.v1.GetDatasetDefRequest\x1a%.dataservice.v1.GetDatasetDefResponse\x12P\n\tGetSplits\x12 .dataservice.v1.GetSplitsRequest\x1a!.dataservice.v1.GetSplitsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,35 +53,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETORCREATEITERATIONRESPONSE']._serialized_start=821
   _globals['_GETORCREATEITERATIONRESPONSE']._serialized_end=902
   _globals['_CLIENTHEARTBEATREQUEST']._serialized_start=904
-  _globals['_CLIENTHEARTBEATREQUEST']._serialized_end=980
-  _globals['_CLIENTHEARTBEATRESPONSE']._serialized_start=982
-  _globals['_CLIENTHEARTBEATRESPONSE']._serialized_end=1097
-  _globals['_RELEASEITERATIONCLIENTREQUEST']._serialized_start=1099
-  _globals['_RELEASEITERATIONCLIENTREQUEST']._serialized_end=1159
-  _globals['_RELEASEITERATIONCLIENTRESPONSE']._serialized_start=1161
-  _globals['_RELEASEITERATIONCLIENTRESPONSE']._serialized_end=1193
-  _globals['_GETWORKERSREQUEST']._serialized_start=1195
-  _globals['_GETWORKERSREQUEST']._serialized_end=1214
-  _globals['_WORKERINFO']._serialized_start=1216
-  _globals['_WORKERINFO']._serialized_end=1271
-  _globals['_GETWORKERSRESPONSE']._serialized_start=1273
-  _globals['_GETWORKERSRESPONSE']._serialized_end=1338
-  _globals['_WORKERHEARTBEATREQUEST']._serialized_start=1340
-  _globals['_WORKERHEARTBEATREQUEST']._serialized_end=1457
-  _globals['_WORKERHEARTBEATRESPONSE']._serialized_start=1459
-  _globals['_WORKERHEARTBEATRESPONSE']._serialized_end=1553
-  _globals['_WORKERUPDATEREQUEST']._serialized_start=1555
-  _globals['_WORKERUPDATEREQUEST']._serialized_end=1624
-  _globals['_WORKERUPDATERESPONSE']._serialized_start=1626
-  _globals['_WORKERUPDATERESPONSE']._serialized_end=1648
-  _globals['_GETDATASETDEFREQUEST']._serialized_start=1650
-  _globals['_GETDATASETDEFREQUEST']._serialized_end=1692
-  _globals['_GETDATASETDEFRESPONSE']._serialized_start=1694
-  _globals['_GETDATASETDEFRESPONSE']._serialized_end=1787
-  _globals['_GETSPLITSREQUEST']._serialized_start=1790
-  _globals['_GETSPLITSREQUEST']._serialized_end=1923
-  _globals['_GETSPLITSRESPONSE']._serialized_start=1925
-  _globals['_GETSPLITSRESPONSE']._serialized_end=1995
-  _globals['_DISPATCHERSERVICE']._serialized_start=1998
-  _globals['_DISPATCHERSERVICE']._serialized_end=3220
+  _globals['_CLIENTHEARTBEATREQUEST']._serialized_end=1004
+  _globals['_CLIENTHEARTBEATRESPONSE']._serialized_start=1006
+  _globals['_CLIENTHEARTBEATRESPONSE']._serialized_end=1121
+  _globals['_RELEASEITERATIONCLIENTREQUEST']._serialized_start=1123
+  _globals['_RELEASEITERATIONCLIENTREQUEST']._serialized_end=1183
+  _globals['_RELEASEITERATIONCLIENTRESPONSE']._serialized_start=1185
+  _globals['_RELEASEITERATIONCLIENTRESPONSE']._serialized_end=1217
+  _globals['_GETWORKERSREQUEST']._serialized_start=1219
+  _globals['_GETWORKERSREQUEST']._serialized_end=1238
+  _globals['_WORKERINFO']._serialized_start=1240
+  _globals['_WORKERINFO']._serialized_end=1295
+  _globals['_GETWORKERSRESPONSE']._serialized_start=1297
+  _globals['_GETWORKERSRESPONSE']._serialized_end=1362
+  _globals['_WORKERHEARTBEATREQUEST']._serialized_start=1364
+  _globals['_WORKERHEARTBEATREQUEST']._serialized_end=1481
+  _globals['_WORKERHEARTBEATRESPONSE']._serialized_start=1483
+  _globals['_WORKERHEARTBEATRESPONSE']._serialized_end=1577
+  _globals['_WORKERUPDATEREQUEST']._serialized_start=1579
+  _globals['_WORKERUPDATEREQUEST']._serialized_end=1648
+  _globals['_WORKERUPDATERESPONSE']._serialized_start=1650
+  _globals['_WORKERUPDATERESPONSE']._serialized_end=1672
+  _globals['_GETDATASETDEFREQUEST']._serialized_start=1674
+  _globals['_GETDATASETDEFREQUEST']._serialized_end=1716
+  _globals['_GETDATASETDEFRESPONSE']._serialized_start=1718
+  _globals['_GETDATASETDEFRESPONSE']._serialized_end=1811
+  _globals['_GETSPLITSREQUEST']._serialized_start=1814
+  _globals['_GETSPLITSREQUEST']._serialized_end=1947
+  _globals['_GETSPLITSRESPONSE']._serialized_start=1949
+  _globals['_GETSPLITSRESPONSE']._serialized_end=2019
+  _globals['_DISPATCHERSERVICE']._serialized_start=2022
+  _globals['_DISPATCHERSERVICE']._serialized_end=3244
 # @@protoc_insertion_point(module_scope)

@@ -86,12 +86,14 @@ class GetOrCreateIterationResponse(_message.Message):
     def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ...) -> None: ...
 
 class ClientHeartbeatRequest(_message.Message):
-    __slots__ = ("iteration_client_id", "current_round")
+    __slots__ = ("iteration_client_id", "current_round", "consumed_tasks")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_TASKS_FIELD_NUMBER: _ClassVar[int]
     iteration_client_id: int
     current_round: int
-    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ...) -> None: ...
+    consumed_tasks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ..., consumed_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClientHeartbeatResponse(_message.Message):
     __slots__ = ("tasks", "iteration_finished", "round_limit")

@@ -143,6 +143,23 @@ def test_worker_joining_mid_iteration_gets_a_task():
         cluster.stop()
 
 
+def test_worker_joining_after_the_first_sent_everything_is_still_read():
+    # The first worker sends all 200 elements into the client's buffer at once and ends its task;
+    # the iteration is not over until the client has read that end, so a worker added after 50
+    # elements still gets a task, and its whole pass is read.
+    cluster = in_process_cluster(1)
+    try:
+        iterator = iter(_distribute(tf.data.Dataset.range(200), cluster))
+        first = [int(next(iterator)) for _ in range(50)]
+        time.sleep(0.5)  # the first worker has sent its end by now
+        cluster.add_worker()
+        rest = [int(x) for x in iterator]
+        assert collections.Counter(first + rest) == {i: 2 for i in range(200)}, "the added worker was not read"
+        assert cluster.dispatcher.state_summary()["unfinished_iterations"] == 0
+    finally:
+        cluster.stop()
+
+
 def test_client_waits_for_a_first_worker():
     cluster = in_process_cluster(0)
     try:
