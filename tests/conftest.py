@@ -34,6 +34,13 @@ def in_process_cluster(num_workers: int = 1, **dispatcher_options) -> LocalClust
     )
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--chaos-seconds", type=float, default=60.0, help="how long the chaos test kills and restarts servers (CI: 60)"
+    )
+    parser.addoption("--chaos-seed", type=int, default=None, help="replay a chaos run (its seed is printed)")
+
+
 @pytest.fixture(autouse=True)
 def no_global_tf_seed():
     """Each test starts without TensorFlow's global seed: with one set (a test may call
