@@ -293,6 +293,10 @@ def _grow(fd: int, size: int, new_size: int) -> None:
         os.posix_fallocate(fd, size, new_size - size)
     except (AttributeError, OSError) as e:  # no fallocate here (macOS, some filesystems): write the zeros
         if isinstance(e, OSError) and e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            try:  # a partial allocation may have grown the file: back to whole chunks
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
             raise
         written = os.pwrite(fd, bytes(new_size - size), size)
         if written != new_size - size:
