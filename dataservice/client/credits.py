@@ -64,6 +64,11 @@ class CreditLedger:
         with self._lock:
             self._accounts[stream].received += count
 
+    def received_total(self, stream: Hashable) -> int:
+        """Elements the stream has received in all."""
+        with self._lock:
+            return self._accounts[stream].received
+
     def unused(self, stream: Hashable) -> int:
         """Granted but not received: what a new connection of the stream must grant again."""
         with self._lock:

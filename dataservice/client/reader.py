@@ -65,9 +65,9 @@ class IterationReader:
         # Tasks the dispatcher reports finished: their data ran out, or their worker was lost.
         self._finished_tasks: set = set()
         self._error: Optional[BaseException] = None
-        # parallel_epochs ends: per task, the elements put in the queue and those the consumer has gone
-        # past; the tasks whose stream ended with an end of sequence; those whose end it has reached.
-        self._queued_counts: Dict[int, int] = collections.Counter()
+        # parallel_epochs ends: per task, the elements the consumer has gone past (to compare with what
+        # its stream received); the tasks whose stream ended with an end of sequence; those whose end
+        # the consumer has reached.
         self._passed_counts: Dict[int, int] = collections.Counter()
         self._ended_tasks: set = set()
         self._consumed_ends: set = set()
@@ -172,8 +172,6 @@ class IterationReader:
     # ---- called by the streams -------------------------------------------
 
     def put(self, stream: "_TaskStream", count: int, item: tuple) -> None:
-        with self._lock:
-            self._queued_counts[stream.task_id] += count
         self._queue.put((stream, count, item))
 
     def stream_ended(self, stream: "_TaskStream", end_of_sequence: bool = False) -> None:
@@ -194,7 +192,7 @@ class IterationReader:
             reached = {
                 t
                 for t in (task_ids & self._ended_tasks) - self._consumed_ends
-                if self._passed_counts[t] == self._queued_counts[t]
+                if self._passed_counts[t] == self.credits.received_total(t)
             }
             self._consumed_ends |= reached
         if reached:

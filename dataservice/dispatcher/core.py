@@ -638,9 +638,8 @@ class DispatcherCore:
             return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
         if iteration.finished or self._state.task(task_id).finished:
             return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-        pool = iteration.returned_splits.get((group, repetition))
-        if pool:
-            begin, end = pool[0]
+
+        def hand_out(begin: int, end: int, from_pool: bool) -> dispatcher_pb2.GetSplitsResponse:
             self._commit(
                 produce_splits=journal_pb2.ProduceSplitsUpdate(
                     iteration_id=iteration.iteration_id,
@@ -650,10 +649,14 @@ class DispatcherCore:
                     end=end,
                     task_id=task_id,
                     index=index,
-                    from_pool=True,
+                    from_pool=from_pool,
                 )
             )
             return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
+
+        pool = iteration.returned_splits.get((group, repetition))
+        if pool:
+            return hand_out(*pool[0], from_pool=True)
         current, begin = self._state.split_position(iteration, group)
         if repetition < current:
             return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
@@ -665,26 +668,12 @@ class DispatcherCore:
         count = split_range_size(
             remaining, self._state.unfinished_task_count(iteration), request.max_splits or DEFAULT_MAX_SPLITS
         )
-        self._commit(
-            produce_splits=journal_pb2.ProduceSplitsUpdate(
-                iteration_id=iteration.iteration_id,
-                split_group=group,
-                repetition=repetition,
-                begin=begin,
-                end=begin + count,
-                task_id=task_id,
-                index=index,
-            )
-        )
-        return dispatcher_pb2.GetSplitsResponse(begin=begin, end=begin + count)
+        return hand_out(begin, begin + count, from_pool=False)
 
 
 def _rebuild(updates: List[journal_pb2.Update]) -> List[journal_pb2.Update]:
     """The updates that rebuild the state `updates` make (a snapshot's content)."""
-    state = DispatcherState()
-    for update in updates:
-        state.apply(update)
-    return state.to_updates()
+    return DispatcherState.replay(updates).to_updates()
 
 
 def _check_same_job(job: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:

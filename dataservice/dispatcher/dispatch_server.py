@@ -61,9 +61,7 @@ class DispatchServer:
         directory = pathlib.Path(self._config.work_dir) / "journal"
         started = time.monotonic()
         replay = journal.read(directory)
-        state = DispatcherState()
-        for update in replay.updates:
-            state.apply(update)
+        state = DispatcherState.replay(replay.updates)
         log.info("recovered %d journal updates in %.3f s", len(replay.updates), time.monotonic() - started)
         return state, journal.JournalWriter.after(directory, replay)
 

@@ -13,7 +13,7 @@ invariants that every sequence of updates the dispatcher journals keeps.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, NewType, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NewType, Optional, Set, Tuple
 
 from dataservice.v1 import common_pb2, journal_pb2
 
@@ -113,6 +113,14 @@ class DispatcherState:
         self._tasks_by_worker: Dict[WorkerAddress, List[TaskId]] = {}
         self._iteration_clients: Dict[ClientId, IterationId] = {}
         self._next_ids = {"dataset": 1, "job": 1, "iteration": 1, "task": 1, "client": 1}
+
+    @classmethod
+    def replay(cls, updates: Iterable[journal_pb2.Update]) -> "DispatcherState":
+        """The state that applying `updates` in order to an empty one gives (recovery, snapshots)."""
+        state = cls()
+        for update in updates:
+            state.apply(update)
+        return state
 
     # ---- the one mutator -------------------------------------------------
 
@@ -423,14 +431,8 @@ class DispatcherState:
         job_id = self._job_by_name.get(job_name)
         return None if job_id is None else self._jobs[job_id]
 
-    def jobs(self) -> List[Job]:
-        return [self._jobs[j] for j in sorted(self._jobs)]
-
     def iteration(self, iteration_id: int) -> Optional[Iteration]:
         return self._iterations.get(IterationId(iteration_id))
-
-    def iterations(self) -> List[Iteration]:
-        return [self._iterations[i] for i in sorted(self._iterations)]
 
     def job_of(self, iteration: Iteration) -> Job:
         return self._jobs[iteration.job_id]

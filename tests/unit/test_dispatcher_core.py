@@ -298,8 +298,6 @@ def test_snapshots_are_written_in_the_background_and_a_restart_recovers_the_stat
     assert core.wait_for_snapshot(30)
     writer.close()
     assert any(p.name.startswith("snapshot-") for p in tmp_path.iterdir())
-    state = DispatcherState()
-    for update in journal.read(tmp_path).updates:
-        state.apply(update)
+    state = DispatcherState.replay(journal.read(tmp_path).updates)
     state.validate()
     assert state.summary() == core.summary()

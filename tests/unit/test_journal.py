@@ -25,10 +25,7 @@ def _write(directory, updates, seq=0, chunk=CHUNK):
 
 
 def _state(updates):
-    state = DispatcherState()
-    for update in updates:
-        state.apply(update)
-    return state
+    return DispatcherState.replay(updates)
 
 
 def _record_offsets(path):

@@ -30,10 +30,7 @@ def _script():
 
 
 def _apply_all(updates) -> DispatcherState:
-    state = DispatcherState()
-    for update in updates:
-        state.apply(update)
-    return state
+    return DispatcherState.replay(updates)
 
 
 def test_apply_builds_the_objects():
