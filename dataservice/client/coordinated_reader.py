@@ -18,6 +18,7 @@ from typing import Dict, Iterator, Optional, Tuple
 import grpc
 import tensorflow as tf
 
+from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
 from dataservice.rpc.channels import shared_channels
@@ -50,6 +51,7 @@ class CoordinatedReader:
         self._error: Optional[BaseException] = None
         self._changed = threading.Condition()
         self._stubs: Dict[str, grpc_service.WorkerDataStub] = {}
+        self.meter = ReadingMeter()
         self.session = IterationSession(
             dispatcher_address,
             job,
@@ -58,6 +60,7 @@ class CoordinatedReader:
             on_heartbeat=self._on_heartbeat,
             on_error=self._fail,
             current_round=lambda: self._round,
+            reading=self.meter.totals,
         )
         self.client_id = self.session.client_id
         self.session.start()
@@ -77,6 +80,7 @@ class CoordinatedReader:
 
     def __iter__(self) -> Iterator[tuple]:
         while not self.session.stopped.is_set():
+            self.meter.wait_started()
             task = self._task_of_round(self._round)
             if task is None:
                 return
@@ -87,7 +91,9 @@ class CoordinatedReader:
             response, buffers = read
             if response.end_of_sequence:
                 return
-            yield self.codec.decode(response.chunk, buffers)
+            element = self.codec.decode(response.chunk, buffers)
+            self.meter.handed(1, sum(getattr(c, "nbytes", 0) for c in element))
+            yield element
 
     def _task_of_round(self, round_index: int) -> Optional[common_pb2.TaskInfo]:
         """The task serving the round (lost ones included: their rounds are skipped, which

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from dataservice.client.credits import CreditLedger
 from dataservice.client.element_streams import ElementStream, open_stream
+from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
 from dataservice.transfer import wire
@@ -71,6 +72,7 @@ class IterationReader:
         self._passed_counts: Dict[int, int] = collections.Counter()
         self._ended_tasks: set = set()
         self._consumed_ends: set = set()
+        self.meter = ReadingMeter()
         self.session = IterationSession(
             dispatcher_address,
             job,
@@ -79,6 +81,7 @@ class IterationReader:
             on_heartbeat=self._on_heartbeat,
             on_error=self.fail,
             consumed_tasks=self.consumed_tasks,
+            reading=self.meter.totals,
         )
         self.client_id = self.session.client_id
         self.session.start()
@@ -93,7 +96,9 @@ class IterationReader:
         the chunks already waiting are concatenated into one of at most that many
         elements: a slow pipeline on many workers sends many small chunks, and each
         chunk costs the consumer a call into Python from tf.data."""
+        meter = self.meter
         while True:
+            meter.wait_started()
             try:
                 first = self._queue.get(timeout=_POLL_S)
             except queue.Empty:
@@ -115,10 +120,9 @@ class IterationReader:
                     taken.append(item)
                     count += item[1]
             self.credits.consumed((stream.task_id, count) for stream, count, _ in taken)
-            if len(taken) == 1:
-                yield taken[0][2]
-            else:
-                yield tuple(_concatenate(parts) for parts in zip(*(item for _, _, item in taken)))
+            chunk = taken[0][2] if len(taken) == 1 else tuple(_concatenate(p) for p in zip(*(i for _, _, i in taken)))
+            meter.handed(count, _nbytes(chunk))
+            yield chunk
             # tf.data asks for the next chunk once it has handed out this one's elements: only now
             # has the consumer gone past them.
             with self._lock:
@@ -224,6 +228,10 @@ class IterationReader:
         """Elements received and not yet taken by the consumer."""
         with self._queue.mutex:
             return sum(item[1] for item in self._queue.queue if item is not _WAKE)
+
+
+def _nbytes(chunk: tuple) -> int:
+    return sum(getattr(component, "nbytes", 0) for component in chunk)
 
 
 def _concatenate(parts: tuple) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Callable, FrozenSet, Optional, Sequence
 
 import tensorflow as tf
 
-from dataservice.rpc.dispatcher_client import DispatcherClient
+from dataservice.rpc.dispatcher_client import DispatcherClient, ReadingTotals
 from dataservice.v1 import common_pb2, dispatcher_pb2
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class IterationSession:
         on_error: Callable[[BaseException], None],
         current_round: Callable[[], int] = lambda: 0,
         consumed_tasks: Callable[[], Sequence[int]] = lambda: (),
+        reading: Callable[[], ReadingTotals] = ReadingTotals,
     ):
         self._address = dispatcher_address
         self.timeout_s = timeout_s
@@ -81,6 +82,7 @@ class IterationSession:
         self._on_error = on_error
         self._current_round = current_round
         self._consumed_tasks = consumed_tasks
+        self._reading = reading
         self._dispatcher = DispatcherClient(dispatcher_address, timeout_s, shared=True)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -127,7 +129,9 @@ class IterationSession:
                 return
 
     def _heartbeat(self) -> None:
-        response = self._dispatcher.client_heartbeat(self.client_id, self._current_round(), self._consumed_tasks())
+        response = self._dispatcher.client_heartbeat(
+            self.client_id, self._current_round(), self._consumed_tasks(), self._reading()
+        )
         if self.local_only:
             local = [t for t in response.tasks if is_local_worker(t.worker_address)]
             if response.tasks and not local:

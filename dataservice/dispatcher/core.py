@@ -14,7 +14,9 @@ bookkeeping, not state: after a restart every peer is given a fresh timeout.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import re
 import threading
 import time
@@ -24,8 +26,10 @@ import tensorflow as tf
 
 from dataservice import status
 from dataservice.config import DispatcherConfig
+from dataservice.dispatcher import status_report
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
+from dataservice.dispatcher.load import LoadTracker
 from dataservice.dispatcher.state import (
     ClientId,
     DatasetId,
@@ -36,6 +40,7 @@ from dataservice.dispatcher.state import (
     TaskId,
     WorkerAddress,
 )
+from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import sharding, splits
 from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
@@ -117,6 +122,9 @@ class DispatcherCore:
         self._idle_since: Dict[IterationId, float] = {}
         # Coordinated reads: iteration -> (time, round, rounds/s) of the clients' reports.
         self._round_reports: Dict[IterationId, Tuple[float, int, float]] = {}
+        # Clients' and workers' rates, for metrics and the worker recommendation.
+        self._load = LoadTracker()
+        self._started = now
 
     # ---- reading the state ---------------------------------------------------
 
@@ -128,6 +136,23 @@ class DispatcherCore:
     def validate(self) -> None:
         with self._lock:
             self._state.validate()
+
+    def status(self) -> Dict:
+        """The status document (dispatcher/status_report.py): workers, datasets, jobs with their
+        iterations and load, clients, and the elements/s history."""
+        with self._lock:
+            now = self._clock()
+            info = status_report.DispatcherInfo(
+                address=self._address,
+                fault_tolerant_mode=self._config.fault_tolerant_mode,
+                work_dir=self._config.work_dir,
+                uptime_s=now - self._started,
+                journal_appends=self._journal.appended if self._journal is not None else 0,
+            )
+            return status_report.build(self._state, self._load, info, self._worker_seen, self._client_seen, now)
+
+    def get_status(self, request: dispatcher_pb2.GetStatusRequest) -> dispatcher_pb2.GetStatusResponse:
+        return dispatcher_pb2.GetStatusResponse(status_json=json.dumps(self.status()))
 
     # ---- committing changes ----------------------------------------------------
 
@@ -229,7 +254,7 @@ class DispatcherCore:
                 dataset_id=dataset_id, fingerprint=fingerprint, metadata=request.metadata
             )
         )
-        log.info("registered dataset %s", dataset_id)
+        log.info("dataset registered", extra=ids(dataset_id=dataset_id))
         return dataset_id
 
     def _dataset(self, dataset_id: str):
@@ -300,6 +325,11 @@ class DispatcherCore:
                     split_group_sizes=split_group_sizes,
                 )
             )
+        log.info(
+            "job created (%s)",
+            status_report.PROCESSING_MODES.get(policy, policy),
+            extra=ids(job_id=job_id, job_name=request.job_name, dataset_id=request.dataset_id),
+        )
         return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
 
     def _check_policy(self, policy: int, dataset_id: str, metadata) -> List[int]:
@@ -364,6 +394,11 @@ class DispatcherCore:
                         iteration_id=iteration_id, job_id=job.job_id, repetition=request.repetition
                     )
                 )
+                log.info(
+                    "iteration created (repetition %d)",
+                    request.repetition,
+                    extra=ids(job_id=job.job_id, iteration_id=iteration_id),
+                )
                 for worker_address in self._state.alive_workers():
                     new_tasks.append(self._create_task(IterationId(iteration_id), worker_address))
             client_id = ClientId(self._state.next_id("client"))
@@ -374,6 +409,7 @@ class DispatcherCore:
             )
             self._client_seen[client_id] = self._clock()
             self._idle_since.pop(iteration_id, None)
+            log.info("client joined", extra=ids(job_id=job.job_id, iteration_id=iteration_id, client_id=client_id))
         for task in new_tasks:
             self._notifier.process_task(task.worker_address, task)
         return dispatcher_pb2.GetOrCreateIterationResponse(iteration_client_id=client_id, iteration_id=iteration_id)
@@ -392,6 +428,10 @@ class DispatcherCore:
                 starting_round=iteration.round_limit if coordinated else 0,
             )
         )
+        log.info(
+            "task created",
+            extra=ids(job_id=iteration.job_id, iteration_id=iteration_id, task_id=task_id, worker=worker_address),
+        )
         return self._task_def(self._state.task(task_id))
 
     def _task_def(self, task: Task) -> common_pb2.TaskDef:
@@ -409,10 +449,26 @@ class DispatcherCore:
         return iteration
 
     def client_heartbeat(self, request: dispatcher_pb2.ClientHeartbeatRequest):
+        _check_totals(
+            "client heartbeat",
+            elements_received=request.elements_received,
+            bytes_received=request.bytes_received,
+            wait_seconds=request.wait_seconds,
+            consume_seconds=request.consume_seconds,
+        )
         with self._lock:
             iteration = self._client_iteration(request.iteration_client_id)
             now = self._clock()
             self._client_seen[ClientId(request.iteration_client_id)] = now
+            self._load.report_client(
+                iteration.job_id,
+                request.iteration_client_id,
+                now,
+                request.elements_received,
+                request.bytes_received,
+                request.wait_seconds,
+                request.consume_seconds,
+            )
             if self._state.job_of(iteration).num_consumers:
                 self.extend_rounds(iteration.iteration_id, request.current_round, now)
             for task_id in request.consumed_tasks:
@@ -446,6 +502,20 @@ class DispatcherCore:
             )
         if not task.finished and self._clients_finish_tasks(self._state.job_of(iteration)):
             self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task.task_id))
+            self._log_task_finished(task)
+
+    def _log_task_finished(self, task: Task) -> None:
+        iteration = self._state.iteration(task.iteration_id)
+        log.info(
+            "task finished%s",
+            " (iteration finished)" if iteration.finished else "",
+            extra=ids(
+                job_id=iteration.job_id,
+                iteration_id=iteration.iteration_id,
+                task_id=task.task_id,
+                worker=task.worker_address,
+            ),
+        )
 
     def extend_rounds(self, iteration_id: int, current_round: int, now: float) -> None:
         """Coordinated reads: grants the iteration's clients rounds ahead of the most advanced of
@@ -478,6 +548,10 @@ class DispatcherCore:
         iteration = self._state.iteration_of_client(client_id)
         self._commit(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=client_id))
         self._client_seen.pop(client_id, None)
+        self._load.forget_client(client_id)
+        log.info(
+            "client left", extra=ids(job_id=iteration.job_id, iteration_id=iteration.iteration_id, client_id=client_id)
+        )
         if iteration.client_ids or iteration.finished:
             return
         if self._state.job_of(iteration).job_name:
@@ -512,21 +586,29 @@ class DispatcherCore:
                 if now - seen > self._config.worker_timeout_ms / 1000:
                     lost = self._state.lost_tasks_of(address)
                     log.warning(
-                        "worker %s missing for %.1f s: removing it, %d tasks lost", address, now - seen, len(lost)
+                        "worker missing for %.1f s: removed, tasks %s lost",
+                        now - seen,
+                        lost,
+                        extra=ids(worker=address),
                     )
                     self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
                     del self._worker_seen[address]
+                    self._load.forget_worker(address)
             for client_id, seen in list(self._client_seen.items()):
                 timed_out = now - seen > self._config.client_timeout_ms / 1000
                 if timed_out and self._state.iteration_of_client(client_id) is not None:
-                    log.info("releasing iteration client %d: no heartbeat for %.1f s", client_id, now - seen)
+                    log.info("client silent for %.1f s: released", now - seen, extra=ids(client_id=client_id))
                     self._release_client(client_id)
             for iteration_id, since in list(self._idle_since.items()):
                 iteration = self._state.iteration(iteration_id)
                 if iteration.client_ids or iteration.finished:
                     del self._idle_since[iteration_id]
                 elif now - since > self._config.job_gc_timeout_ms / 1000:
-                    log.info("ending iteration %d: no client for %.1f s", iteration_id, now - since)
+                    log.info(
+                        "iteration without clients for %.1f s: ended",
+                        now - since,
+                        extra=ids(job_id=iteration.job_id, iteration_id=iteration_id),
+                    )
                     self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration_id))
                     del self._idle_since[iteration_id]
 
@@ -550,8 +632,9 @@ class DispatcherCore:
                 # A new process at the address (a restarted pod keeps its name): the old one's
                 # tasks are lost, their unstarted splits go back to the pool.
                 lost = self._state.lost_tasks_of(address)
-                log.warning("worker %s restarted: %d tasks of its previous process lost", address, len(lost))
+                log.warning("worker restarted: tasks %s of its previous process lost", lost, extra=ids(worker=address))
                 self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
+                self._load.forget_worker(address)
                 known = self._state.worker(address)
             if known is None or not known.alive or (uid and not known.uid):
                 # New, back after it was lost, or (journaled before uids were) learning its uid.
@@ -562,15 +645,42 @@ class DispatcherCore:
                         worker_uid=uid,
                     )
                 )
-                log.info("worker %s registered", address)
+                log.info("worker registered", extra=ids(worker=address))
                 for iteration in list(self._state.unfinished_iterations()):
                     if not self._state.iteration_has_task_on(iteration, address):
                         self._create_task(iteration.iteration_id, address)
+            self._record_task_loads(address, request.task_loads)
             active = {t.task_id: t for t in self._state.active_tasks_of_worker(address)}
             current = set(request.current_tasks)
             return dispatcher_pb2.WorkerHeartbeatResponse(
                 new_tasks=[self._task_def(t) for tid, t in sorted(active.items()) if tid not in current],
                 tasks_to_delete=sorted(current - set(active)),
+            )
+
+    def _record_task_loads(self, address: WorkerAddress, loads) -> None:
+        """Takes the worker's production totals per task into the load tracker. Reports of tasks
+        that are not this worker's (ended, or hostile) are left out, not an error: a worker may
+        report a task the dispatcher has just dropped."""
+        now = self._clock()
+        for load in loads:
+            _check_totals(
+                f"worker heartbeat (task {load.task_id})",
+                elements_produced=load.elements_produced,
+                bytes_produced=load.bytes_produced,
+                processing_seconds=load.processing_seconds,
+            )
+            task = self._state.task(load.task_id)
+            if task is None or task.worker_address != address:
+                continue
+            job_id = self._state.iteration(task.iteration_id).job_id
+            self._load.report_task(
+                job_id,
+                address,
+                task.task_id,
+                now,
+                load.elements_produced,
+                load.bytes_produced,
+                load.processing_seconds,
             )
 
     def worker_update(self, request: dispatcher_pb2.WorkerUpdateRequest):
@@ -590,6 +700,7 @@ class DispatcherCore:
                 )
                 if not task.finished and not clients_finish:
                     self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
+                    self._log_task_finished(task)
         return dispatcher_pb2.WorkerUpdateResponse()
 
     # ---- distributed_epoch splits --------------------------------------------------
@@ -669,6 +780,13 @@ class DispatcherCore:
             remaining, self._state.unfinished_task_count(iteration), request.max_splits or DEFAULT_MAX_SPLITS
         )
         return hand_out(begin, begin + count, from_pool=False)
+
+
+def _check_totals(what: str, **totals: float) -> None:
+    """Reported totals are finite and not negative."""
+    for name, value in totals.items():
+        if not math.isfinite(value) or value < 0:
+            raise status.invalid_argument(f"{what}: {name} must be a finite number >= 0, got {value}")
 
 
 def _rebuild(updates: List[journal_pb2.Update]) -> List[journal_pb2.Update]:

@@ -427,6 +427,9 @@ class DispatcherState:
     def job(self, job_id: int) -> Optional[Job]:
         return self._jobs.get(JobId(job_id))
 
+    def jobs(self) -> List[Job]:
+        return list(self._jobs.values())
+
     def job_named(self, job_name: str) -> Optional[Job]:
         job_id = self._job_by_name.get(job_name)
         return None if job_id is None else self._jobs[job_id]

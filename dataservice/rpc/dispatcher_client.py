@@ -10,6 +10,8 @@ tf.errors class). Authentication, TLS and client-side metrics hook in here.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Callable, List, Optional, Sequence
 
 import grpc
@@ -20,6 +22,18 @@ from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 
 # Each try of a call waits at most this long for an answer (the call as a whole: its timeout).
 DEFAULT_RPC_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadingTotals:
+    """What a client reports of its reading in each heartbeat, as totals since it started:
+    elements and bytes handed to its consumer, seconds it waited for data, and seconds its
+    consumer spent on what it was handed."""
+
+    elements: int = 0
+    nbytes: int = 0
+    wait_s: float = 0.0
+    consume_s: float = 0.0
 
 
 class DispatcherClient:
@@ -126,11 +140,20 @@ class DispatcherClient:
         return self._call(self._stub.GetOrCreateIteration, request, "creating an iteration")
 
     def client_heartbeat(
-        self, iteration_client_id: int, current_round: int = 0, consumed_tasks: Sequence[int] = ()
+        self,
+        iteration_client_id: int,
+        current_round: int = 0,
+        consumed_tasks: Sequence[int] = (),
+        reading: Optional[ReadingTotals] = None,
     ) -> dispatcher_pb2.ClientHeartbeatResponse:
         request = dispatcher_pb2.ClientHeartbeatRequest(
             iteration_client_id=iteration_client_id, current_round=current_round, consumed_tasks=consumed_tasks
         )
+        if reading is not None:
+            request.elements_received = reading.elements
+            request.bytes_received = reading.nbytes
+            request.wait_seconds = reading.wait_s
+            request.consume_seconds = reading.consume_s
         return self._call(self._stub.ClientHeartbeat, request, "client heartbeat")
 
     def release_iteration_client(self, iteration_client_id: int, timeout_s: float) -> None:
@@ -155,12 +178,14 @@ class DispatcherClient:
         current_tasks: Sequence[int],
         timeout_s: float,
         worker_uid: int = 0,
+        task_loads: Sequence[dispatcher_pb2.TaskLoad] = (),
     ) -> dispatcher_pb2.WorkerHeartbeatResponse:
         request = dispatcher_pb2.WorkerHeartbeatRequest(
             worker_address=worker_address,
             transfer_address=transfer_address,
             current_tasks=current_tasks,
             worker_uid=worker_uid,
+            task_loads=task_loads,
         )
         what = f"worker {worker_address} heartbeat"
         return self._call(self._stub.WorkerHeartbeat, request, what, timeout_s=timeout_s, rpc_timeout_s=10.0)
@@ -168,6 +193,11 @@ class DispatcherClient:
     def worker_update(self, worker_address: str, finished_tasks: Sequence[int], timeout_s: float) -> None:
         request = dispatcher_pb2.WorkerUpdateRequest(worker_address=worker_address, finished_tasks=finished_tasks)
         self._call(self._stub.WorkerUpdate, request, f"worker {worker_address} task update", timeout_s=timeout_s)
+
+    def get_status(self) -> dict:
+        """The dispatcher's status document (what /status.json serves)."""
+        response = self._call(self._stub.GetStatus, dispatcher_pb2.GetStatusRequest(), "getting the status")
+        return json.loads(response.status_json)
 
     def get_splits(
         self, iteration_id: int, task_id: int, split_group: int, repetition: int, index: int

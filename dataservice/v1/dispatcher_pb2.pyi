@@ -86,14 +86,22 @@ class GetOrCreateIterationResponse(_message.Message):
     def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ...) -> None: ...
 
 class ClientHeartbeatRequest(_message.Message):
-    __slots__ = ("iteration_client_id", "current_round", "consumed_tasks")
+    __slots__ = ("iteration_client_id", "current_round", "consumed_tasks", "elements_received", "bytes_received", "wait_seconds", "consume_seconds")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    ELEMENTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     iteration_client_id: int
     current_round: int
     consumed_tasks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ..., consumed_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
+    elements_received: int
+    bytes_received: int
+    wait_seconds: float
+    consume_seconds: float
+    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ..., consumed_tasks: _Optional[_Iterable[int]] = ..., elements_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consume_seconds: _Optional[float] = ...) -> None: ...
 
 class ClientHeartbeatResponse(_message.Message):
     __slots__ = ("tasks", "iteration_finished", "round_limit")
@@ -134,16 +142,30 @@ class GetWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerHeartbeatRequest(_message.Message):
-    __slots__ = ("worker_address", "transfer_address", "current_tasks", "worker_uid")
+    __slots__ = ("worker_address", "transfer_address", "current_tasks", "worker_uid", "task_loads")
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TASKS_FIELD_NUMBER: _ClassVar[int]
     WORKER_UID_FIELD_NUMBER: _ClassVar[int]
+    TASK_LOADS_FIELD_NUMBER: _ClassVar[int]
     worker_address: str
     transfer_address: str
     current_tasks: _containers.RepeatedScalarFieldContainer[int]
     worker_uid: int
-    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ..., worker_uid: _Optional[int] = ...) -> None: ...
+    task_loads: _containers.RepeatedCompositeFieldContainer[TaskLoad]
+    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ..., worker_uid: _Optional[int] = ..., task_loads: _Optional[_Iterable[_Union[TaskLoad, _Mapping]]] = ...) -> None: ...
+
+class TaskLoad(_message.Message):
+    __slots__ = ("task_id", "elements_produced", "bytes_produced", "processing_seconds")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ELEMENTS_PRODUCED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PRODUCED_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    elements_produced: int
+    bytes_produced: int
+    processing_seconds: float
+    def __init__(self, task_id: _Optional[int] = ..., elements_produced: _Optional[int] = ..., bytes_produced: _Optional[int] = ..., processing_seconds: _Optional[float] = ...) -> None: ...
 
 class WorkerHeartbeatResponse(_message.Message):
     __slots__ = ("new_tasks", "tasks_to_delete")
@@ -204,3 +226,13 @@ class GetSplitsResponse(_message.Message):
     end: int
     end_of_splits: bool
     def __init__(self, begin: _Optional[int] = ..., end: _Optional[int] = ..., end_of_splits: _Optional[bool] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("status_json",)
+    STATUS_JSON_FIELD_NUMBER: _ClassVar[int]
+    status_json: str
+    def __init__(self, status_json: _Optional[str] = ...) -> None: ...

@@ -94,6 +94,11 @@ class DispatcherServiceStub:
                 request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsRequest.SerializeToString,
                 response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/dataservice.v1.DispatcherService/GetStatus',
+                request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetStatusResponse.FromString,
+                _registered_method=True)
 
 
 class DispatcherServiceServicer:
@@ -174,6 +179,13 @@ class DispatcherServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """Operators: what the dispatcher knows now (the status page's data, as JSON).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -236,6 +248,11 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.GetSplits,
                     request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsRequest.FromString,
                     response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetStatusRequest.FromString,
+                    response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -562,6 +579,33 @@ class DispatcherService:
             '/dataservice.v1.DispatcherService/GetSplits',
             dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsRequest.SerializeToString,
             dataservice_dot_v1_dot_dispatcher__pb2.GetSplitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.v1.DispatcherService/GetStatus',
+            dataservice_dot_v1_dot_dispatcher__pb2.GetStatusRequest.SerializeToString,
+            dataservice_dot_v1_dot_dispatcher__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

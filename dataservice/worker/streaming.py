@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import grpc
 from google.protobuf.message import Message
@@ -45,14 +45,41 @@ ROUND_WAIT_S = 2.0
 Response = Tuple[Message, List[wire.Buffer]]
 
 
+class TransferStats:
+    """Elements and bytes sent, and streams open, per transfer protocol (for metrics)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent: Dict[str, List[int]] = {}
+        self._open: Dict[str, int] = {}
+
+    def opened(self, protocol: str, delta: int = 1) -> None:
+        with self._lock:
+            self._open[protocol] = self._open.get(protocol, 0) + delta
+
+    def sent(self, protocol: str, elements: int, buffers: List[wire.Buffer]) -> None:
+        nbytes = sum(memoryview(b).nbytes for b in buffers)
+        with self._lock:
+            totals = self._sent.setdefault(protocol, [0, 0])
+            totals[0] += elements
+            totals[1] += nbytes
+
+    def snapshot(self) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, int]]:
+        """({protocol: (elements, bytes) sent}, {protocol: streams open})."""
+        with self._lock:
+            return {p: (t[0], t[1]) for p, t in self._sent.items()}, dict(self._open)
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamContext:
     """What serving a task's elements needs from its worker: its address (for messages), its
-    tasks, and how to report a task whose elements were all handed out."""
+    tasks, how to report a task whose elements were all handed out, and where to count what
+    was sent."""
 
     worker_address: str
     tasks: TaskBook
     report_finished: Callable[[int], None]
+    transfer: TransferStats = dataclasses.field(default_factory=TransferStats)
 
 
 def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
@@ -76,9 +103,11 @@ def stream_task(
     request: worker_pb2.StreamElementsRequest,
     later_requests: Iterator[worker_pb2.StreamElementsRequest],
     is_active: Callable[[], bool],
+    protocol: str = "grpc",
 ) -> Iterator[Response]:
     """The responses (header and buffers) of the stream that `request` opens; `later_requests`
-    (read on a thread of its own) grant more credits. Raises status.ServiceError."""
+    (read on a thread of its own) grant more credits. `protocol` names the transfer for the
+    worker's metrics. Raises status.ServiceError."""
     runner = worker.tasks.wait_for(request.task_id, UNKNOWN_TASK_WAIT_S)
     if runner is None:
         if worker.tasks.is_finished(request.task_id):
@@ -92,6 +121,8 @@ def stream_task(
     max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
     compress = request.compression == common_pb2.COMPRESSION_AUTO
     linger_s = 0.0  # the first message goes out at once: time to first element matters
+    stats = worker.transfer
+    stats.opened(protocol)
     try:
         while is_active():
             allowed = credits.wait(_TAKE_POLL_S)
@@ -110,12 +141,14 @@ def stream_task(
                 worker.report_finished(request.task_id)
             if elements or done:
                 chunks, buffers = runner.codec.encode(elements, compress)
+                stats.sent(protocol, len(elements), buffers)
                 yield worker_pb2.StreamElementsResponse(chunks=chunks, end_of_sequence=done), buffers
                 if done:
                     return
             elif runner.stopped:
                 raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
     finally:
+        stats.opened(protocol, -1)
         credits.close()
 
 
@@ -148,6 +181,7 @@ def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) ->
             raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
         return worker_pb2.GetElementResponse(not_ready=True), []
     (chunk,), buffers = runner.codec.encode([element], request.compression == common_pb2.COMPRESSION_AUTO)
+    worker.transfer.sent("grpc", 1, buffers)
     return worker_pb2.GetElementResponse(chunk=chunk), buffers
 
 

@@ -95,6 +95,11 @@ class TaskBook:
         with self._lock:
             return self._round_robins.get(task_id)
 
+    def runners(self) -> List[TaskRunner]:
+        """The running tasks' runners, in task order."""
+        with self._lock:
+            return [self._runners[t] for t in sorted(self._runners)]
+
     def running(self) -> List[int]:
         """Ids of the running tasks, in order."""
         with self._lock:

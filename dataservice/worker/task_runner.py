@@ -12,7 +12,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Callable, Deque, List, Optional, Tuple
+import time
+from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from dataservice.transfer.wire import Components, ElementCodec
 from dataservice.worker.element_iterator import ComponentIterator
@@ -24,6 +25,40 @@ DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 NOTIFY_EVERY = 256
 
 
+class ProductionTotals:
+    """Elements, bytes and pipeline seconds produced on this worker, per dataset, since it
+    started: the runners that still run plus those that ended (Prometheus counters never go down)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: Set["TaskRunner"] = set()
+        self._ended: Dict[str, List[float]] = {}
+
+    def add(self, runner: "TaskRunner") -> None:
+        with self._lock:
+            self._running.add(runner)
+
+    def ended(self, runner: "TaskRunner") -> None:
+        with self._lock:
+            if runner in self._running:
+                self._running.discard(runner)
+                totals = self._ended.setdefault(runner.dataset_id, [0, 0, 0.0])
+                totals[0] += runner.elements_produced
+                totals[1] += runner.bytes_produced
+                totals[2] += runner.processing_seconds
+
+    def by_dataset(self) -> Dict[str, Tuple[int, int, float]]:
+        """dataset id -> (elements, bytes, pipeline seconds)."""
+        with self._lock:
+            result = {d: list(t) for d, t in self._ended.items()}
+            for runner in self._running:
+                totals = result.setdefault(runner.dataset_id, [0, 0, 0.0])
+                totals[0] += runner.elements_produced
+                totals[1] += runner.bytes_produced
+                totals[2] += runner.processing_seconds
+        return {d: (int(t[0]), int(t[1]), float(t[2])) for d, t in result.items()}
+
+
 class TaskRunner:
     def __init__(
         self,
@@ -32,9 +67,20 @@ class TaskRunner:
         codec: ElementCodec,
         buffer_elements: int = DEFAULT_BUFFER_ELEMENTS,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        dataset_id: str = "",
+        totals: Optional[ProductionTotals] = None,
     ):
         self.task_id = task_id
+        self.dataset_id = dataset_id
         self.codec = codec
+        # Written by the producer thread only (readers see a recent value): what the pipeline
+        # produced and the seconds it spent producing it, not waiting for room in the buffer.
+        self.elements_produced = 0
+        self.bytes_produced = 0
+        self.processing_seconds = 0.0
+        self._totals = totals
+        if totals is not None:
+            totals.add(self)
         self._make_elements = make_elements
         self._max_elements = buffer_elements
         self._max_bytes = buffer_bytes
@@ -49,9 +95,24 @@ class TaskRunner:
 
     def _produce(self) -> None:
         try:
-            elements = self._make_elements()
-            for components in elements:
+            self._produce_into_buffer()
+        finally:
+            if self._totals is not None:
+                self._totals.ended(self)
+
+    def _produce_into_buffer(self) -> None:
+        clock = time.perf_counter
+        try:
+            started = clock()
+            elements = iter(self._make_elements())
+            while True:
+                try:
+                    components = next(elements)
+                finally:
+                    self.processing_seconds += clock() - started
                 size = self.codec.nbytes(components)
+                self.elements_produced += 1
+                self.bytes_produced += size
                 with self._cond:
                     while (
                         not self._stopped
@@ -67,6 +128,9 @@ class TaskRunner:
                     # every element: each wake-up costs a GIL hand-over.
                     if len(self._buffer) == 1 or len(self._buffer) % NOTIFY_EVERY == 0:
                         self._cond.notify_all()
+                started = clock()
+        except StopIteration:
+            pass
         except Exception as e:  # noqa: BLE001 - handed to the clients, which raise it
             log.warning("task %d failed: %s", self.task_id, e)
             with self._cond:
@@ -121,6 +185,15 @@ class TaskRunner:
             elif self._error is not None:
                 raise self._error
             return taken, self._exhausted and not self._buffer
+
+    def buffered(self) -> Tuple[int, int]:
+        """(elements, bytes) produced and not yet taken by a client."""
+        with self._cond:
+            return len(self._buffer), self._buffered_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._max_bytes
 
     @property
     def stopped(self) -> bool:

@@ -47,3 +47,25 @@ def test_grant_waits_for_the_consumer_and_stops_when_asked():
     stop = threading.Event()
     threading.Timer(0.1, lambda: (stop.set(), ledger.wake())).start()
     assert ledger.grant("a", 5, stop.is_set) == 0
+
+
+def test_reading_meter_splits_waiting_from_the_consumers_own_time():
+    import time
+
+    from dataservice.client.reading_meter import ReadingMeter
+
+    meter = ReadingMeter()
+    meter.wait_started()
+    time.sleep(0.05)
+    meter.wait_started()  # asked again while still waiting (a poll): the wait goes on
+    time.sleep(0.05)
+    meter.handed(3, 24)
+    time.sleep(0.2)  # the consumer works on the 3 elements
+    meter.wait_started()
+    totals = meter.totals()
+    assert (totals.elements, totals.nbytes) == (3, 24)
+    assert 0.1 <= totals.wait_s < totals.consume_s
+    assert totals.consume_s >= 0.2
+    # A wait in progress counts up to now.
+    time.sleep(0.05)
+    assert meter.totals().wait_s >= totals.wait_s + 0.05

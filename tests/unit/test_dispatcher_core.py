@@ -1,6 +1,7 @@
 """The dispatcher core without a server: split allocation, round extension and garbage
 collection, driven request by request on a fake clock."""
 
+import json
 from typing import List, Tuple
 
 import pytest
@@ -301,3 +302,87 @@ def test_snapshots_are_written_in_the_background_and_a_restart_recovers_the_stat
     state = DispatcherState.replay(journal.read(tmp_path).updates)
     state.validate()
     assert state.summary() == core.summary()
+
+
+def reading_heartbeat(core, client_id, elements, wait_s, consume_s, nbytes=0):
+    return core.client_heartbeat(
+        dispatcher_pb2.ClientHeartbeatRequest(
+            iteration_client_id=client_id,
+            elements_received=elements,
+            bytes_received=nbytes,
+            wait_seconds=wait_s,
+            consume_seconds=consume_s,
+        )
+    )
+
+
+def loaded_heartbeat(core, worker, task_id, elements, processing_s):
+    return core.worker_heartbeat(
+        dispatcher_pb2.WorkerHeartbeatRequest(
+            worker_address=worker,
+            current_tasks=[task_id],
+            task_loads=[
+                dispatcher_pb2.TaskLoad(task_id=task_id, elements_produced=elements, processing_seconds=processing_s)
+            ],
+        )
+    )
+
+
+def test_status_reports_the_load_and_the_recommended_workers(clock, notifier):
+    core = make_core(clock, notifier, worker_timeout_ms=60_000, client_timeout_ms=60_000)
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    dataset_id = register(core, tf.data.Dataset.range(10**6))
+    client = start_iteration(core, dataset_id, policy=DYNAMIC, job_name="train").iteration_client_id
+    tasks = tasks_by_worker(core, client)
+    # 6 s: each worker makes 25 elements/s; the client gets their 50/s and waits 75% of the time.
+    for t in range(7):
+        for worker, task_id in tasks.items():
+            loaded_heartbeat(core, worker, task_id, elements=25 * t, processing_s=1.0 * t)
+        reading_heartbeat(core, client, elements=50 * t, wait_s=0.75 * t, consume_s=0.25 * t, nbytes=400 * t)
+        clock.advance(1.0)
+    doc = core.status()
+    (job,) = doc["jobs"]
+    assert (job["job_name"], job["processing_mode"], job["workers"]) == ("train", "distributed_epoch", 2)
+    assert job["recommended_workers"] == 8 and job["missing_workers"] == 6
+    assert job["wait_fraction"] == pytest.approx(0.75)
+    assert job["consumption_rate"] == pytest.approx(200) and job["worker_throughput"] == pytest.approx(25)
+    assert job["elements_received"] == 300 and job["bytes_received"] == 2400
+    (iteration,) = job["iterations"]
+    assert iteration["splits"]["total"] == 10**6 and iteration["active_tasks"] == 2
+    (client_row,) = doc["clients"]
+    assert client_row["client_id"] == client and client_row["wait_fraction"] == pytest.approx(0.75)
+    assert {w["address"]: w["state"] for w in doc["workers"]} == {"w1:1": "alive", "w2:1": "alive"}
+    assert sum(rate for _, rate in doc["throughput"]["points"]) > 0
+    # The same document over the RPC, as JSON.
+    assert json.loads(core.get_status(dispatcher_pb2.GetStatusRequest()).status_json)["jobs"][0]["job_id"] == 1
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("elements_received", -1), ("bytes_received", -5), ("wait_seconds", -0.5), ("consume_seconds", float("nan"))],
+)
+def test_hostile_client_totals_are_invalid_argument(clock, notifier, field, value):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    client = start_iteration(core, register(core, tf.data.Dataset.range(5))).iteration_client_id
+    request = dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client)
+    setattr(request, field, value)
+    with pytest.raises(status.ServiceError) as raised:
+        core.client_heartbeat(request)
+    assert raised.value.code == status.Code.INVALID_ARGUMENT and field in raised.value.message
+
+
+def test_worker_loads_of_foreign_tasks_are_ignored_and_bad_values_refused(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    client = start_iteration(core, register(core, tf.data.Dataset.range(5))).iteration_client_id
+    tasks = tasks_by_worker(core, client)
+    # w1 reports w2's task and a task that does not exist: neither counts, the heartbeat succeeds.
+    loaded_heartbeat(core, "w1:1", tasks["w2:1"], elements=10, processing_s=1.0)
+    loaded_heartbeat(core, "w1:1", 999, elements=10, processing_s=1.0)
+    assert core.status()["jobs"][0]["worker_throughput"] is None
+    with pytest.raises(status.ServiceError) as raised:
+        loaded_heartbeat(core, "w1:1", tasks["w1:1"], elements=10, processing_s=float("inf"))
+    assert raised.value.code == status.Code.INVALID_ARGUMENT and "processing_seconds" in raised.value.message
