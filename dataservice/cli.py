@@ -3,11 +3,14 @@
     data-server --role=dispatcher --port=5050 --work_dir=/data/ds --fault_tolerant_mode
     data-server --role=worker --dispatcher_address=dispatcher:5050 --port=5051
     data-server --role=worker --config worker.yaml --port=6000   # flags override the file
+    data-server status --dispatcher_address=dispatcher:5050        # what the dispatcher knows, as tables
 
 A YAML config file holds a mapping whose keys are the field names of
 DispatcherConfig or WorkerConfig. On start the server prints one line,
-"dataservice <role> listening on port <N>", so that a caller that bound port
-0 learns the port. SIGTERM or SIGINT stops it gracefully with exit status 0.
+"dataservice <role> listening on port <N>, monitoring on port <M>", so that a
+caller that bound port 0 learns the ports (M: the status page and /metrics;
+--monitoring_port picks it, by default a free one; --no-monitoring turns it
+off). SIGTERM or SIGINT stops it gracefully with exit status 0.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import logging
 import signal
 import sys
@@ -26,6 +30,9 @@ import yaml
 
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher.dispatch_server import DispatchServer
+from dataservice.monitoring import logs, status_tables
+from dataservice.rpc.addresses import strip_protocol
+from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import allocator
 from dataservice.worker.worker_server import WorkerServer
 
@@ -63,8 +70,44 @@ def _parser() -> argparse.ArgumentParser:
         help="worker: address clients reach the TCP transfer at (%%dts_port%% = its bound port)",
     )
     parser.add_argument("--data_transfer_port", type=int, help="worker: port of the TCP transfer (0: a free port)")
+    parser.add_argument(
+        "--monitoring_port",
+        type=int,
+        help="HTTP port of /metrics and (dispatcher) the status page; 0, the default: a free port",
+    )
+    parser.add_argument(
+        "--monitoring", action=argparse.BooleanOptionalAction, default=True, help="serve the monitoring port"
+    )
     parser.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(
+        "--log_format", default="text", choices=list(logs.FORMATS), help="json: one JSON object per log line"
+    )
     return parser
+
+
+def _status_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="data-server status", description="Print what a dispatcher knows: workers, jobs, clients, datasets."
+    )
+    parser.add_argument("--dispatcher_address", required=True, help="host:port of the dispatcher")
+    parser.add_argument("--json", action="store_true", help="print the status document as JSON")
+    parser.add_argument("--timeout_s", type=float, default=10.0, help="how long to try to reach the dispatcher")
+    return parser
+
+
+def status_main(argv: List[str]) -> int:
+    """`data-server status`: the dispatcher's status document as tables (or JSON)."""
+    args = _status_parser().parse_args(argv)
+    client = DispatcherClient(strip_protocol(args.dispatcher_address), args.timeout_s)
+    try:
+        doc = client.get_status()
+    except tf.errors.OpError as e:
+        print(f"data-server status: {e.message}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(json.dumps(doc, indent=2) if args.json else status_tables.render(doc))
+    return 0
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -92,13 +135,19 @@ def build_config(args: argparse.Namespace) -> Any:
                 f"(fields: {', '.join(sorted(fields))})"
             )
         values.update(loaded)
-    flags = {k: v for k, v in vars(args).items() if k not in ("role", "config", "log_level") and v is not None}
+    local = ("role", "config", "log_level", "log_format", "monitoring")
+    flags = {k: v for k, v in vars(args).items() if k not in local and v is not None}
     foreign = sorted(set(flags) - fields)
     if foreign:
         raise ValueError(f"--{', --'.join(foreign)} cannot be used with --role={args.role}")
     if isinstance(flags.get("worker_addresses"), str):
         flags["worker_addresses"] = [a for a in flags["worker_addresses"].split(",") if a]
     values.update(flags)
+    # A standalone server serves its monitoring port unless told not to (in-process ones do not).
+    if not args.monitoring:
+        values["monitoring_port"] = None
+    elif values.get("monitoring_port") is None:
+        values["monitoring_port"] = 0
     if args.role == "worker" and "dispatcher_address" not in values:
         raise ValueError("--role=worker needs --dispatcher_address (or dispatcher_address in --config)")
     try:
@@ -108,13 +157,16 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["status"]:
+        return status_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         config = build_config(args)
     except ValueError as e:
         parser.error(str(e))
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level, args.log_format)
     if args.role == "worker":
         allocator.keep_freed_memory()
 
@@ -131,7 +183,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     # frozen, a full garbage collection no longer scans it, which otherwise paused every thread
     # (request handlers included) for a large part of a second while a big snapshot was written.
     gc.freeze()
-    print(f"dataservice {args.role} listening on port {server.port}", flush=True)
+    line = f"dataservice {args.role} listening on port {server.port}"
+    if server.monitoring_port is not None:
+        line += f", monitoring on port {server.monitoring_port}"
+    print(line, flush=True)
     while not stop.wait(0.5):
         pass
     server.stop()

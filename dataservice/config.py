@@ -24,6 +24,14 @@ def _check_port(port: int) -> None:
         raise ValueError(f"port must be an integer in [0, 65535] (0 picks a free port), got {port!r}")
 
 
+def _check_monitoring_port(port: Optional[int]) -> None:
+    if port is not None:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise ValueError(
+                f"monitoring_port must be None (off) or an integer in [0, 65535] (0 picks a free port), got {port!r}"
+            )
+
+
 def _check_protocol(protocol: str) -> None:
     if protocol != "grpc":
         raise ValueError(f"protocol must be 'grpc', got {protocol!r}")
@@ -57,6 +65,8 @@ class DispatcherConfig:
       how long to keep, iterations that no client reads.
     worker_timeout_ms: a worker silent for this long is considered gone.
     client_timeout_ms: a client silent for this long is released.
+    monitoring_port: the HTTP port of /metrics (Prometheus), the status page (/) and
+      /status.json; 0 picks a free port; None (the default) serves none.
     """
 
     port: int = 0
@@ -68,10 +78,12 @@ class DispatcherConfig:
     job_gc_timeout_ms: Optional[int] = None
     worker_timeout_ms: Optional[int] = None
     client_timeout_ms: Optional[int] = None
+    monitoring_port: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check_port(self.port)
         _check_protocol(self.protocol)
+        _check_monitoring_port(self.monitoring_port)
         if self.fault_tolerant_mode and not self.work_dir:
             raise ValueError("fault_tolerant_mode=True needs a work_dir: the dispatcher journals its state there")
         if self.worker_addresses is not None:
@@ -107,6 +119,8 @@ class WorkerConfig:
       "%dts_port%" is replaced by its bound port. Default: worker_address's
       host with ":%dts_port%".
     data_transfer_port: the port the TCP transfer binds; 0 picks a free one.
+    monitoring_port: the HTTP port of /metrics (Prometheus); 0 picks a free port;
+      None (the default) serves none.
     """
 
     dispatcher_address: str
@@ -118,6 +132,7 @@ class WorkerConfig:
     data_transfer_protocol: Optional[str] = None
     data_transfer_address: Optional[str] = None
     data_transfer_port: int = 0
+    monitoring_port: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
@@ -136,6 +151,7 @@ class WorkerConfig:
                 f"data_transfer_protocol must be None, 'grpc' or 'tcp', got {self.data_transfer_protocol!r}"
             )
         _check_port(self.data_transfer_port)
+        _check_monitoring_port(self.monitoring_port)
         if self.data_transfer_address is None:
             host = self.worker_address.rpartition(":")[0] if ":" in self.worker_address else self.worker_address
             object.__setattr__(self, "data_transfer_address", f"{host}:%dts_port%")

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Iterator, List, Mapping, Optional, Union
 
-_PORT_LINE = re.compile(r"listening on port (\d+)")
+_PORT_LINE = re.compile(r"listening on port (\d+)(?:, monitoring on port (\d+))?")
 
 
 class ServerProcess:
@@ -43,6 +43,7 @@ class ServerProcess:
         )
         self.stderr_lines: List[str] = []
         threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr_lines), daemon=True).start()
+        self.monitoring_port: Optional[int] = None
         self.port = self._read_port(start_timeout_s)
 
     @staticmethod
@@ -58,6 +59,8 @@ class ServerProcess:
             for line in self.proc.stdout:
                 match = _PORT_LINE.search(line)
                 if match:
+                    if match.group(2):
+                        self.monitoring_port = int(match.group(2))
                     found.append(int(match.group(1)))
                     break
             self._drain(self.proc.stdout, [])
@@ -165,6 +168,12 @@ class LocalCluster:
     def target(self) -> str:
         """The dispatcher as distribute()'s `service` argument."""
         return "grpc://" + self.address
+
+    @property
+    def status_page_url(self) -> Optional[str]:
+        """The dispatcher's status page, if it serves a monitoring port (processes do by default)."""
+        port = self.dispatcher.monitoring_port
+        return f"http://localhost:{port}/" if port is not None else None
 
     def add_worker(self, **options: Any) -> Server:
         """Starts one more worker; `options` are WorkerConfig fields for it alone."""

@@ -6,7 +6,7 @@ import logging
 import pathlib
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import journal
@@ -16,10 +16,15 @@ from dataservice.dispatcher.grpc_servicer import DispatcherServicer
 from dataservice.dispatcher.journal import JournalWriter
 from dataservice.dispatcher.state import DispatcherState
 from dataservice.dispatcher.worker_push import GrpcWorkerNotifier
+from dataservice.monitoring import metrics
+from dataservice.monitoring.health import HealthReporter
+from dataservice.monitoring.http_server import MonitoringServer
 from dataservice.rpc import servers
-from dataservice.v1 import dispatcher_pb2_grpc
+from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+SERVICE_NAME = dispatcher_pb2.DESCRIPTOR.services_by_name["DispatcherService"].full_name
 
 
 class DispatchServer:
@@ -27,25 +32,30 @@ class DispatchServer:
 
     >>> dispatcher = DispatchServer()            # binds a free port and starts
     >>> dispatcher.target                        # 'grpc://localhost:PORT'
+
+    Started, it serves gRPC health at once (NOT_SERVING) and the dispatcher's own service
+    once it has recovered its journal (fault_tolerant_mode); calls before then are
+    UNAVAILABLE, which clients and workers retry.
     """
 
     def __init__(self, config: Optional[DispatcherConfig] = None, start: bool = True):
         self._config = config or DispatcherConfig()
         if not isinstance(self._config, DispatcherConfig):
             raise TypeError(f"config must be a DispatcherConfig, got {type(self._config).__name__}")
-        state, self._journal = self._recover()
-        self._server = servers.new_server(max_workers=32)
+        self._registry = None
+        interceptors = []
+        if self._config.monitoring_port is not None:
+            self._registry = metrics.new_registry(metrics.DispatcherCollector(self._status_or_empty))
+            interceptors.append(metrics.RpcMetricsInterceptor(self._registry))
+        self._server = servers.new_server(max_workers=32, interceptors=interceptors)
         self._port = servers.bind(self._server, self._config.port)
+        self._servicer = DispatcherServicer(address=f"the dispatcher at {self._address}")
+        dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._servicer, self._server)
+        self._health = HealthReporter(self._server, [SERVICE_NAME])
         self._notifier = GrpcWorkerNotifier()
-        self._core = DispatcherCore(
-            self._config,
-            self._address,
-            journal=self._journal,
-            state=state,
-            datasets=DatasetStore(self._config.work_dir),
-            notifier=self._notifier,
-        )
-        dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(DispatcherServicer(self._core), self._server)
+        self._core: Optional[DispatcherCore] = None
+        self._journal: Optional[JournalWriter] = None
+        self._monitoring: Optional[MonitoringServer] = None
         self._started = False
         self._stopped = threading.Event()
         self._stopping = threading.Event()
@@ -54,8 +64,8 @@ class DispatchServer:
             self.start()
 
     def _recover(self) -> Tuple[Optional[DispatcherState], Optional[JournalWriter]]:
-        """In fault_tolerant_mode: replays the journal (before the port is bound, so that
-        clients meanwhile see UNAVAILABLE and retry) and opens a new segment."""
+        """In fault_tolerant_mode: replays the journal and opens a new segment (meanwhile the
+        dispatcher's RPCs answer UNAVAILABLE and its health says NOT_SERVING)."""
         if not self._config.fault_tolerant_mode:
             return None, None
         directory = pathlib.Path(self._config.work_dir) / "journal"
@@ -66,12 +76,32 @@ class DispatchServer:
         return state, journal.JournalWriter.after(directory, replay)
 
     def start(self) -> None:
-        """Starts serving. Calling it again does nothing."""
-        if not self._started:
-            self._server.start()
-            self._gc_thread.start()
-            self._started = True
-            log.info("dispatcher serving on port %d", self._port)
+        """Starts serving: health at once, the dispatcher's service once its state is recovered.
+        Calling it again does nothing."""
+        if self._started:
+            return
+        self._started = True
+        self._server.start()
+        state, self._journal = self._recover()
+        if self._journal is not None and self._registry is not None:
+            self._journal.observer = metrics.JournalMetrics(self._registry)
+        self._core = DispatcherCore(
+            self._config,
+            self._address,
+            journal=self._journal,
+            state=state,
+            datasets=DatasetStore(self._config.work_dir),
+            notifier=self._notifier,
+        )
+        self._servicer.attach(self._core)
+        self._gc_thread.start()
+        if self._registry is not None:
+            self._monitoring = MonitoringServer(
+                self._config.monitoring_port, self._registry, status=self._core.status, role="dispatcher"
+            )
+            log.info("dispatcher monitoring (status page, /metrics) on port %d", self._monitoring.port)
+        self._health.set_ready(True)
+        log.info("dispatcher serving on port %d", self._port)
 
     def join(self) -> None:
         """Blocks until the server stops."""
@@ -82,7 +112,10 @@ class DispatchServer:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        self._health.shutdown()
         self._notifier.stop()
+        if self._monitoring is not None:
+            self._monitoring.stop()
         self._server.stop(grace_s).wait()
         if self._gc_thread.is_alive():
             self._gc_thread.join(timeout=5)
@@ -98,10 +131,25 @@ class DispatchServer:
             except Exception:  # noqa: BLE001 - keep collecting on the next round
                 log.exception("garbage collection failed")
 
+    def _status_or_empty(self) -> Dict[str, Any]:
+        core = self._core
+        if core is None:
+            return {"workers": [], "datasets": [], "jobs": [], "clients": []}
+        return core.status()
+
     def state_summary(self) -> Dict[str, int]:
         """Counts of datasets, workers (alive or not), jobs, iterations, tasks (active or not) and
         iteration clients, as the dispatcher's state holds them now."""
         return self._core.summary()
+
+    def status(self) -> Dict[str, Any]:
+        """The status document that /status.json serves (README, section Operations)."""
+        return self._status_or_empty()
+
+    @property
+    def monitoring_port(self) -> Optional[int]:
+        """The bound port of /metrics and the status page; None without monitoring_port."""
+        return self._monitoring.port if self._monitoring is not None else None
 
     @property
     def target(self) -> str:

@@ -3,19 +3,35 @@ grpc_dispatcher_impl.cc over dispatcher_impl.cc).
 
 Each method passes the request to the core and returns its response; a
 status.ServiceError becomes its gRPC status, any other exception INTERNAL
-(errors.handler), so nothing a client sends can kill the server.
+(errors.handler), so nothing a client sends can kill the server. Until the core is
+attached (a restarted dispatcher replaying its journal) every call is UNAVAILABLE, which
+clients retry.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
+from dataservice import status
 from dataservice.dispatcher.core import DispatcherCore
 from dataservice.rpc import errors
 from dataservice.v1 import dispatcher_pb2_grpc
 
 
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
-    def __init__(self, core: DispatcherCore):
-        self._core = core
+    def __init__(self, core: Optional[DispatcherCore] = None, address: str = "the dispatcher"):
+        self._attached = core
+        self._address = address
+
+    def attach(self, core: DispatcherCore) -> None:
+        self._attached = core
+
+    @property
+    def _core(self) -> DispatcherCore:
+        core = self._attached
+        if core is None:
+            raise status.unavailable(f"{self._address} is recovering its state from its journal; retry shortly")
+        return core
 
     @errors.handler
     def RegisterDataset(self, request, context):
@@ -64,3 +80,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     @errors.handler
     def GetSplits(self, request, context):
         return self._core.get_splits(request)
+
+    @errors.handler
+    def GetStatus(self, request, context):
+        return self._core.get_status(request)

@@ -38,7 +38,8 @@ import pathlib
 import re
 import struct
 import threading
-from typing import Callable, Iterable, List, Optional, Tuple
+import time
+from typing import Callable, Iterable, List, Optional, Protocol, Tuple
 
 import google_crc32c
 
@@ -318,6 +319,14 @@ def repair(torn: TornTail) -> None:
     log.warning("journal %s: zeroed the torn record from offset %d", torn.path, torn.offset)
 
 
+class JournalObserver(Protocol):
+    """Told how long each durable append and each snapshot took (the dispatcher's metrics)."""
+
+    def appended(self, seconds: float) -> None: ...
+
+    def snapshotted(self, seconds: float) -> None: ...
+
+
 class JournalWriter:
     """Appends updates to the current segment, each durable (fdatasync) before append() returns.
 
@@ -344,6 +353,7 @@ class JournalWriter:
         self._open_segment(seq)
         # Updates appended by this writer (for benchmarks and metrics).
         self.appended = 0
+        self.observer: Optional[JournalObserver] = None
 
     @classmethod
     def after(cls, directory: pathlib.Path, replay: Replay, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> "JournalWriter":
@@ -364,6 +374,7 @@ class JournalWriter:
         self._size = size
 
     def append(self, update: journal_pb2.Update) -> None:
+        started = time.perf_counter()
         record = encode_update(update)
         end = self._offset + len(record)
         if end > self._size:
@@ -384,6 +395,8 @@ class JournalWriter:
             raise
         self._offset = end
         self.appended += 1
+        if self.observer is not None:
+            self.observer.appended(time.perf_counter() - started)
 
     def snapshot_in_background(
         self, rebuild: Callable[[List[journal_pb2.Update]], Iterable[journal_pb2.Update]]
@@ -407,6 +420,7 @@ class JournalWriter:
         return True
 
     def _write_snapshot(self, seq: int, rebuild: Callable[[List[journal_pb2.Update]], Iterable[journal_pb2.Update]]):
+        started = time.perf_counter()
         try:
             records = [encode_update(u) for u in rebuild(read(self._dir, before=seq).updates)]
             header = _header_record(kind="snapshot", seq=seq, records=len(records))
@@ -418,6 +432,8 @@ class JournalWriter:
                     path.unlink()
             durable_files.fsync_directory(self._dir)
             log.info("journal snapshot %d written (%d updates)", seq, len(records))
+            if self.observer is not None:
+                self.observer.snapshotted(time.perf_counter() - started)
         except Exception:  # noqa: BLE001 - the journal is whole without it; the next one is tried later
             log.exception("writing journal snapshot %d failed; the segments stay", seq)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+from typing import Sequence
 
 import grpc
 
@@ -32,8 +33,9 @@ def bind(server: grpc.Server, port: int) -> int:
     raise RuntimeError(f"could not bind port {port}: it is in use or not permitted")
 
 
-def new_server(max_workers: int) -> grpc.Server:
+def new_server(max_workers: int, interceptors: Sequence[grpc.ServerInterceptor] = ()) -> grpc.Server:
     return grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         options=SERVER_OPTIONS,
+        interceptors=list(interceptors) or None,
     )

@@ -14,17 +14,21 @@ import functools
 import logging
 import random
 import threading
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from dataservice.config import WorkerConfig
+from dataservice.monitoring import metrics
+from dataservice.monitoring.health import HealthReporter
+from dataservice.monitoring.http_server import MonitoringServer
+from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import sharding, splits
 from dataservice.rpc import servers
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, tcp
-from dataservice.v1 import common_pb2
+from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.worker import streaming
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
 from dataservice.worker.element_iterator import ComponentIterator
@@ -32,10 +36,12 @@ from dataservice.worker.grpc_servicer import WorkerServicer
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.split_fetcher import SplitFetcher
 from dataservice.worker.task_book import TaskBook
-from dataservice.worker.task_runner import TaskRunner
+from dataservice.worker.task_runner import ProductionTotals, TaskRunner
 from dataservice.worker.tcp_server import TcpTransferServer
 
 log = logging.getLogger(__name__)
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 
 
 class WorkerServer:
@@ -48,21 +54,32 @@ class WorkerServer:
         if not isinstance(config, WorkerConfig):
             raise TypeError(f"config must be a WorkerConfig, got {type(config).__name__}")
         self._config = config
-        self._server = servers.new_server(max_workers=64)
+        self._registry = None
+        interceptors = []
+        if config.monitoring_port is not None:
+            self._registry = metrics.new_registry(metrics.WorkerCollector(self._metrics_data))
+            interceptors.append(metrics.RpcMetricsInterceptor(self._registry))
+        self._server = servers.new_server(max_workers=64, interceptors=interceptors)
         self._port = servers.bind(self._server, config.port)
         self.address = config.worker_address.replace("%port%", str(self._port))
         self._heartbeat_now = threading.Event()
         # This process's id for the dispatcher: a worker restarted at the same address is a new one.
         self._uid = random.getrandbits(63) | 1
         self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set)
-        streams = streaming.StreamContext(self.address, self._tasks, self.report_finished)
+        self._production = ProductionTotals()
+        self._streams = streams = streaming.StreamContext(self.address, self._tasks, self.report_finished)
         servicer = WorkerServicer(streams, start_task=self.start_task, prepare_dataset=self.prepare_dataset)
         grpc_service.add_worker_service(self._server, servicer)
+        # Ready (SERVING) once registered with the dispatcher.
+        self._health = HealthReporter(self._server, [SERVICE_NAME])
+        self._monitoring: Optional[MonitoringServer] = None
         # Clients read elements over TCP where the worker offers it (else over gRPC, at self.address).
         self._tcp: Optional[TcpTransferServer] = None
         self.transfer_address = self.address
         if config.data_transfer_protocol == tcp.PROTOCOL:
-            self._tcp = TcpTransferServer(functools.partial(streaming.stream_task, streams), config.data_transfer_port)
+            self._tcp = TcpTransferServer(
+                functools.partial(streaming.stream_task, streams, protocol=tcp.PROTOCOL), config.data_transfer_port
+            )
             self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))
         self._dispatcher = DispatcherClient(config.dispatcher_address, config.dispatcher_timeout_ms / 1000)
         self._datasets = DatasetCache(self._fetch_dataset_def)
@@ -81,10 +98,14 @@ class WorkerServer:
         self._server.start()
         if self._tcp is not None:
             self._tcp.start()
+        if self._registry is not None:
+            self._monitoring = MonitoringServer(self._config.monitoring_port, self._registry, role="worker")
+            log.info("worker /metrics on port %d", self._monitoring.port, extra=ids(worker=self.address))
         self._heartbeat(timeout_s=self._config.dispatcher_timeout_ms / 1000)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True)
         self._heartbeat_thread.start()
-        log.info("worker %s registered with dispatcher %s", self.address, self._config.dispatcher_address)
+        self._health.set_ready(True)
+        log.info("registered with dispatcher %s", self._config.dispatcher_address, extra=ids(worker=self.address))
 
     def join(self) -> None:
         self._stopped.wait()
@@ -93,12 +114,15 @@ class WorkerServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self._health.shutdown()
         self._heartbeat_now.set()
         for runner in self._tasks.close():
             runner.stop()
         self._datasets.stop()
         if self._tcp is not None:
             self._tcp.stop()
+        if self._monitoring is not None:
+            self._monitoring.stop()
         self._server.stop(grace_s).wait()
         self._dispatcher.close()
 
@@ -109,6 +133,11 @@ class WorkerServer:
     @property
     def port(self) -> int:
         return self._port
+
+    @property
+    def monitoring_port(self) -> Optional[int]:
+        """The bound port of /metrics; None without monitoring_port."""
+        return self._monitoring.port if self._monitoring is not None else None
 
     def __enter__(self) -> "WorkerServer":
         return self
@@ -134,7 +163,20 @@ class WorkerServer:
 
     def _heartbeat(self, timeout_s: float) -> None:
         response = self._dispatcher.worker_heartbeat(
-            self.address, self.transfer_address, self._tasks.running(), timeout_s, worker_uid=self._uid
+            self.address,
+            self.transfer_address,
+            self._tasks.running(),
+            timeout_s,
+            worker_uid=self._uid,
+            task_loads=[
+                dispatcher_pb2.TaskLoad(
+                    task_id=runner.task_id,
+                    elements_produced=runner.elements_produced,
+                    bytes_produced=runner.bytes_produced,
+                    processing_seconds=runner.processing_seconds,
+                )
+                for runner in self._tasks.runners()
+            ],
         )
         for task in response.new_tasks:
             self.start_task(task)
@@ -182,13 +224,28 @@ class WorkerServer:
         codec = self._datasets.codec(task.dataset_id)
 
         def start() -> Tuple[TaskRunner, Optional[RoundRobinServer]]:
-            runner = TaskRunner(task.task_id, lambda: self._task_elements(task), codec)
+            runner = TaskRunner(
+                task.task_id,
+                lambda: self._task_elements(task),
+                codec,
+                dataset_id=task.dataset_id,
+                totals=self._production,
+            )
             rounds = RoundRobinServer(runner, task.num_consumers, task.starting_round) if task.num_consumers else None
             return runner, rounds
 
         if self._tasks.add(task.task_id, start) is None:
             return
-        log.info("worker %s started task %d (iteration %d)", self.address, task.task_id, task.iteration_id)
+        log.info(
+            "task started",
+            extra=ids(
+                job_id=task.job_id,
+                iteration_id=task.iteration_id,
+                task_id=task.task_id,
+                dataset_id=task.dataset_id,
+                worker=self.address,
+            ),
+        )
 
     def _task_elements(self, task: common_pb2.TaskDef) -> ComponentIterator:
         """The elements of a task's pipeline: whole (parallel_epochs), over the dispatcher's
@@ -214,8 +271,22 @@ class WorkerServer:
         runner = self._tasks.remove(task_id)
         if runner is not None:
             runner.stop()
-            log.info("worker %s stopped task %d", self.address, task_id)
+            log.info("task stopped by the dispatcher", extra=ids(task_id=task_id, worker=self.address))
 
     def running_tasks(self) -> List[int]:
         """Ids of the tasks whose pipelines run on this worker now."""
         return self._tasks.running()
+
+    def _metrics_data(self) -> Dict[str, Any]:
+        runners = self._tasks.runners()
+        buffered = [runner.buffered() for runner in runners]
+        sent, open_streams = self._streams.transfer.snapshot()
+        return {
+            "running_tasks": len(runners),
+            "buffered_elements": sum(b[0] for b in buffered),
+            "buffered_bytes": sum(b[1] for b in buffered),
+            "buffer_capacity_bytes": sum(runner.capacity_bytes for runner in runners),
+            "produced": self._production.by_dataset(),
+            "sent": sent,
+            "open_streams": open_streams,
+        }

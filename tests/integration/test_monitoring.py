@@ -1,0 +1,284 @@
+"""Operations: /metrics scraped during a job, the worker recommendation under starvation, gRPC
+health through a real health client, `data-server status` and JSON logs of real processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from typing import Dict, List, Tuple
+
+import grpc
+import pytest
+import tensorflow as tf
+from conftest import wait_for_workers
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+import dataservice
+from dataservice import tf_internal
+from dataservice.dispatcher import journal
+from dataservice.local_cluster import LocalCluster
+from dataservice.monitoring.health import LIVENESS_SERVICE
+from dataservice.rpc.dispatcher_client import DispatcherClient
+from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc, journal_pb2
+
+Samples = Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    text = urllib.request.urlopen(f"http://localhost:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples named `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
+
+
+def health(port: int, service: str = "") -> str:
+    with grpc.insecure_channel(f"localhost:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+        except grpc.RpcError as e:
+            return e.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_move_while_a_job_runs(tmp_path):
+    with LocalCluster(
+        2,
+        processes=False,
+        fault_tolerant_mode=True,
+        work_dir=str(tmp_path),
+        dispatcher_options={"monitoring_port": 0},
+        worker_options={"monitoring_port": 0, "heartbeat_interval_ms": 200},
+    ) as cluster:
+        dataset = tf.data.Dataset.range(10**7).apply(
+            dataservice.distribute("distributed_epoch", cluster.target, job_name="metered")
+        )
+        iterator = iter(dataset)
+        for _ in range(200):
+            next(iterator)
+        time.sleep(1.5)  # a client heartbeat (every second) reports what it received
+        dispatcher_port = cluster.dispatcher.monitoring_port
+        worker_ports = [w.monitoring_port for w in cluster.workers]
+        before = scrape(dispatcher_port)
+        workers_before = [scrape(p) for p in worker_ports]
+        for _ in range(5000):
+            next(iterator)
+        time.sleep(1.5)
+        # A request that fails is counted under its code.
+        with pytest.raises(tf.errors.NotFoundError):
+            DispatcherClient(cluster.address, 5).get_data_service_metadata("no-such-dataset")
+        after = scrape(dispatcher_port)
+        workers_after = [scrape(p) for p in worker_ports]
+
+        job = {"job_name": "metered"}
+        assert total(after, "dataservice_dispatcher_workers", state="alive") == 2
+        assert total(after, "dataservice_dispatcher_tasks", state="active") == 2
+        assert total(after, "dataservice_dispatcher_clients") == 1
+        for name in ("dataservice_job_client_elements_received_total", "dataservice_iteration_splits_handed_out"):
+            assert total(after, name, **job) > total(before, name, **job) > 0, name
+        assert total(after, "dataservice_job_client_elements_received_total", **job) >= 5200
+        assert total(after, "dataservice_iteration_splits", **job) == 10**7
+        heartbeats = {"method": "ClientHeartbeat", "code": "OK"}
+        assert total(after, "dataservice_rpc_duration_seconds_count", **heartbeats) > total(
+            before, "dataservice_rpc_duration_seconds_count", **heartbeats
+        )
+        assert (
+            total(after, "dataservice_rpc_duration_seconds_count", method="GetDataServiceMetadata", code="NOT_FOUND")
+            == 1
+        )
+        assert total(after, "dataservice_journal_appends_total") > total(before, "dataservice_journal_appends_total")
+        assert total(after, "dataservice_journal_append_duration_seconds_count") == total(
+            after, "dataservice_journal_appends_total"
+        )
+
+        produced = [total(s, "dataservice_worker_elements_produced_total") for s in workers_after]
+        assert sum(produced) > sum(total(s, "dataservice_worker_elements_produced_total") for s in workers_before)
+        assert sum(total(s, "dataservice_worker_elements_sent_total", protocol="tcp") for s in workers_after) >= 5200
+        for samples in workers_after:
+            assert total(samples, "dataservice_worker_running_tasks") == 1
+            assert total(samples, "dataservice_worker_element_processing_seconds_count") == total(
+                samples, "dataservice_worker_elements_produced_total"
+            )
+            assert total(samples, "dataservice_worker_open_streams", protocol="tcp") == 1
+            assert total(samples, "dataservice_rpc_duration_seconds_count", method="ProcessTask") >= 1
+        del iterator
+
+
+def _job_status(client: DispatcherClient) -> dict:
+    (job,) = client.get_status()["jobs"]
+    return job
+
+
+def _read_for(iterator, seconds: float, per_element_s: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        next(iterator)
+        time.sleep(per_element_s)
+
+
+def test_recommendation_rises_when_a_slow_pipeline_starves_a_client_and_falls_with_more_workers():
+    # Each worker makes 25 elements/s (40 ms a element); the client takes about 4 ms an element,
+    # so it needs about 10 workers. With 2 it waits most of the time.
+    with LocalCluster(
+        2, processes=False, dispatcher_options={"monitoring_port": 0}, worker_options={"heartbeat_interval_ms": 500}
+    ) as cluster:
+        client = DispatcherClient(cluster.address, 10)
+        slow = tf.data.Dataset.range(10**7).apply(tf_internal.sleep(40_000))
+        iterator = iter(slow.apply(dataservice.distribute("parallel_epochs", cluster.target, job_name="starved")))
+        _read_for(iterator, 8, 0.004)
+        starved = _job_status(client)
+        assert starved["wait_fraction"] > 0.5, starved
+        assert starved["worker_throughput"] == pytest.approx(25, rel=0.3), starved
+        assert starved["recommended_workers"] >= 8 and starved["missing_workers"] >= 6, starved
+        # The gauge says the same (read a moment later, so within a worker or two).
+        gauge = total(scrape(cluster.dispatcher.monitoring_port), "dataservice_job_recommended_workers")
+        assert abs(gauge - starved["recommended_workers"]) <= 2, (gauge, starved)
+
+        for _ in range(10):
+            cluster.add_worker(heartbeat_interval_ms=500)
+        _read_for(iterator, 16, 0.004)  # the window (10 s) forgets the starved seconds
+        fed = _job_status(client)
+        print(f"starved: {starved}\nfed: {fed}")
+        assert fed["workers"] == 12
+        assert fed["wait_fraction"] < 0.3, fed
+        assert fed["recommended_workers"] < starved["recommended_workers"], (starved, fed)
+        assert 6 <= fed["recommended_workers"] <= 15 and fed["missing_workers"] <= 3, fed
+        del iterator
+
+
+def test_worker_health_turns_serving_once_registered():
+    dispatcher_port = free_port()
+    worker = dataservice.WorkerServer(
+        dataservice.WorkerConfig(dispatcher_address=f"localhost:{dispatcher_port}", dispatcher_timeout_ms=60_000),
+        start=False,
+    )
+    starting = threading.Thread(target=worker.start, daemon=True)
+    starting.start()
+    try:
+        deadline = time.monotonic() + 10
+        while health(worker.port, LIVENESS_SERVICE) != "SERVING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert health(worker.port, LIVENESS_SERVICE) == "SERVING"  # alive ...
+        assert health(worker.port) == "NOT_SERVING"  # ... but not ready: no dispatcher yet
+        assert health(worker.port, "dataservice.v1.WorkerService") == "NOT_SERVING"
+        with dataservice.DispatchServer(dataservice.DispatcherConfig(port=dispatcher_port)):
+            starting.join(timeout=30)
+            assert health(worker.port) == "SERVING"
+            assert health(worker.port, "dataservice.v1.WorkerService") == "SERVING"
+            worker.stop()
+            assert health(worker.port) in ("NOT_SERVING", "UNAVAILABLE")
+    finally:
+        worker.stop()
+
+
+def test_dispatcher_is_not_serving_while_it_replays_its_journal(tmp_path):
+    # A journal long enough that replaying it takes a second or so.
+    writer = journal.JournalWriter(tmp_path / "journal", 1, sync=False)
+    for i in range(200_000):
+        writer.append(journal_pb2.Update(reserve_ids=journal_pb2.ReserveIdsUpdate(next_task_id=i + 1)))
+    writer.close()
+    port = free_port()
+    config = dataservice.DispatcherConfig(port=port, work_dir=str(tmp_path), fault_tolerant_mode=True)
+    servers: List[dataservice.DispatchServer] = []
+    threading.Thread(target=lambda: servers.append(dataservice.DispatchServer(config)), daemon=True).start()
+    seen: List[str] = []
+    refused_while_replaying: List[str] = []
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(f"localhost:{port}") as channel:
+        stub = dispatcher_pb2_grpc.DispatcherServiceStub(channel)
+        while time.monotonic() < deadline and (not seen or seen[-1] != "SERVING"):
+            state = health(port)
+            if not seen or seen[-1] != state:
+                seen.append(state)
+            if state == "NOT_SERVING" and not refused_while_replaying:
+                try:
+                    stub.GetWorkers(dispatcher_pb2.GetWorkersRequest(), timeout=2)
+                except grpc.RpcError as e:
+                    refused_while_replaying.append(f"{e.code().name}: {e.details()}")
+            time.sleep(0.01)
+    try:
+        assert "NOT_SERVING" in seen and seen[-1] == "SERVING", seen
+        assert seen.index("NOT_SERVING") < seen.index("SERVING")
+        if refused_while_replaying:  # the replay may end between the health check and the call
+            assert refused_while_replaying[0].startswith("UNAVAILABLE") and "journal" in refused_while_replaying[0]
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _read_lines(proc: subprocess.Popen, sink: List[str]) -> None:
+    for line in proc.stderr:
+        sink.append(line)
+
+
+def test_processes_serve_metrics_status_and_json_logs(processes):
+    dispatcher = processes("--role=dispatcher", "--port=0", "--log_format=json")
+    logs: List[str] = dispatcher.stderr_lines
+    worker = processes("--role=worker", "--port=0", f"--dispatcher_address={dispatcher.address}")
+    assert dispatcher.monitoring_port and worker.monitoring_port
+    wait_for_workers(dispatcher.address, 1)
+    assert health(dispatcher.port) == "SERVING" and health(worker.port) == "SERVING"
+    dataset = tf.data.Dataset.range(10**6).apply(
+        dataservice.distribute("distributed_epoch", f"grpc://{dispatcher.address}", job_name="watched")
+    )
+    iterator = iter(dataset)
+    for _ in range(100):
+        next(iterator)
+    time.sleep(1.5)
+    assert total(scrape(worker.monitoring_port), "dataservice_worker_elements_produced_total") >= 100
+    page = urllib.request.urlopen(f"http://localhost:{dispatcher.monitoring_port}/", timeout=10).read().decode()
+    assert "<title>dataservice dispatcher</title>" in page
+
+    command = [sys.executable, "-m", "dataservice.cli", "status", f"--dispatcher_address={dispatcher.address}"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0].startswith(f"dispatcher localhost:{dispatcher.port}: up")
+    worker_row = next(line for line in lines if worker.address in line)
+    assert worker_row.split()[1:3] == ["alive", "1"]
+    job_row = lines[lines.index("JOBS") + 3].split()
+    assert job_row[1:4] == ["watched", "1", "distributed_epoch"]
+    assert lines[lines.index("CLIENTS") + 3].split()[:2] == ["1", "1"]
+    as_json = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120).stdout)
+    assert as_json["jobs"][0]["job_name"] == "watched" and as_json["summary"]["alive_workers"] == 1
+    # An unreachable dispatcher: a clear error and exit status 1.
+    unreachable = subprocess.run(
+        [*command[:-1], f"--dispatcher_address=localhost:{free_port()}", "--timeout_s=1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unreachable.returncode == 1 and "unavailable" in unreachable.stderr.lower()
+    del iterator
+
+    events = [json.loads(line) for line in logs if line.startswith("{")]
+    assert events and all({"time", "level", "logger", "message"} <= set(e) for e in events)
+    task_created = [e for e in events if e["message"] == "task created"]
+    assert task_created and {"job_id", "iteration_id", "task_id", "worker"} <= set(task_created[0])
+    assert task_created[0]["worker"] == worker.address
+    assert any(e["message"] == "worker registered" and e["worker"] == worker.address for e in events)
+
+
+def test_monitoring_can_be_turned_off(processes):
+    dispatcher = processes("--role=dispatcher", "--port=0", "--no-monitoring")
+    assert dispatcher.monitoring_port is None
+    assert health(dispatcher.port) == "SERVING"  # gRPC, health included, is served all the same
