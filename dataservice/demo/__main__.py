@@ -1,6 +1,7 @@
 """The demo: train an MLP data-parallel (DTensor) on data that a local dataservice cluster prepares.
 
     python -m dataservice.demo [--workers 2] [--epochs 8] [--batch 64] [--devices 8] [--output-dir demo_output]
+                               [--linger SECONDS]
 
 Starts a dispatcher (with a temporary work_dir) and worker processes, writes
 the handwritten digits that ship inside scikit-learn as TFRecord shards, and
@@ -9,7 +10,9 @@ of virtual CPU devices. Every batch comes from the service: list_files +
 interleave + parse + shuffle + batch runs on the workers, whose files the
 dispatcher splits between them (distributed_epoch), and each global batch is
 sharded over the mesh's "batch" dimension. Prints per-epoch loss, accuracy and
-throughput, saves loss and accuracy plots as PNG, and stops the cluster.
+throughput, saves loss and accuracy plots as PNG, and stops the cluster. It
+prints the address of the dispatcher's status page first; with --linger the
+cluster stays up that many seconds after training, to look at the page.
 """
 
 from __future__ import annotations
@@ -59,9 +62,14 @@ def main(argv=None) -> int:
     parser.add_argument("--devices", type=int, default=8, help="virtual CPU devices in the DTensor mesh")
     parser.add_argument("--output-dir", default="demo_output", help="where the PNG plots go")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
+    parser.add_argument(
+        "--linger", type=float, default=0.0, metavar="SECONDS", help="keep the cluster up this long after training"
+    )
     args = parser.parse_args(argv)
     if min(args.workers, args.epochs, args.batch, args.devices) < 1:
         parser.error("--workers, --epochs, --batch and --devices must be positive")
+    if args.linger < 0:
+        parser.error("--linger must be >= 0 seconds")
     if args.batch % args.devices:
         parser.error(f"--batch {args.batch} must be a multiple of --devices {args.devices}")
 
@@ -83,6 +91,7 @@ def main(argv=None) -> int:
             f"(work_dir {cluster.work_dir}), workers at {', '.join(w.address for w in cluster.workers)}",
             flush=True,
         )
+        print(f"status page: {cluster.status_page_url} (metrics at {cluster.status_page_url}metrics)", flush=True)
         to_service = dataservice.distribute("distributed_epoch", cluster.target)
         train = sample_data.digits_dataset(train_files, args.batch, shuffle_buffer=512).apply(to_service)
         test = sample_data.digits_dataset(test_files, args.batch).apply(to_service)
@@ -114,6 +123,9 @@ def main(argv=None) -> int:
                 f"({examples / seconds:.0f} examples/s)",
                 flush=True,
             )
+        if args.linger:
+            print(f"the cluster stays up for {args.linger:.0f} s: {cluster.status_page_url}", flush=True)
+            time.sleep(args.linger)
     print("cluster stopped", flush=True)
     os.makedirs(args.output_dir, exist_ok=True)
     paths = _plot(history, args.output_dir)
