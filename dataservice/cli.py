@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data_transfer_port", type=int, help="worker: port of the TCP transfer (0: a free port)")
     parser.add_argument(
+        "--allow_unsafe_ops",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run datasets whose graphs write files or act outside producing elements (off by default)",
+    )
+    parser.add_argument(
         "--monitoring_port",
         type=int,
         help="HTTP port of /metrics and (dispatcher) the status page; 0, the default: a free port",

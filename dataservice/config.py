@@ -32,6 +32,11 @@ def _check_monitoring_port(port: Optional[int]) -> None:
             )
 
 
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def _check_protocol(protocol: str) -> None:
     if protocol != "grpc":
         raise ValueError(f"protocol must be 'grpc', got {protocol!r}")
@@ -67,6 +72,8 @@ class DispatcherConfig:
     client_timeout_ms: a client silent for this long is released.
     monitoring_port: the HTTP port of /metrics (Prometheus), the status page (/) and
       /status.json; 0 picks a free port; None (the default) serves none.
+    allow_unsafe_ops: register datasets whose graphs write files or act outside
+      producing elements (pipeline/policy.py); off by default.
     """
 
     port: int = 0
@@ -79,11 +86,13 @@ class DispatcherConfig:
     worker_timeout_ms: Optional[int] = None
     client_timeout_ms: Optional[int] = None
     monitoring_port: Optional[int] = None
+    allow_unsafe_ops: bool = False
 
     def __post_init__(self) -> None:
         _check_port(self.port)
         _check_protocol(self.protocol)
         _check_monitoring_port(self.monitoring_port)
+        _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         if self.fault_tolerant_mode and not self.work_dir:
             raise ValueError("fault_tolerant_mode=True needs a work_dir: the dispatcher journals its state there")
         if self.worker_addresses is not None:
@@ -121,6 +130,8 @@ class WorkerConfig:
     data_transfer_port: the port the TCP transfer binds; 0 picks a free one.
     monitoring_port: the HTTP port of /metrics (Prometheus); 0 picks a free port;
       None (the default) serves none.
+    allow_unsafe_ops: run pipelines whose graphs write files or act outside
+      producing elements (pipeline/policy.py); off by default.
     """
 
     dispatcher_address: str
@@ -133,8 +144,10 @@ class WorkerConfig:
     data_transfer_address: Optional[str] = None
     data_transfer_port: int = 0
     monitoring_port: Optional[int] = None
+    allow_unsafe_ops: bool = False
 
     def __post_init__(self) -> None:
+        _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
             raise ValueError(f"dispatcher_address must be 'host:port', got {self.dispatcher_address!r}")
         object.__setattr__(self, "dispatcher_address", strip_protocol(self.dispatcher_address))

@@ -56,6 +56,10 @@ def failed_precondition(message: str) -> ServiceError:
     return ServiceError(Code.FAILED_PRECONDITION, message)
 
 
+def permission_denied(message: str) -> ServiceError:
+    return ServiceError(Code.PERMISSION_DENIED, message)
+
+
 def unavailable(message: str) -> ServiceError:
     return ServiceError(Code.UNAVAILABLE, message)
 

@@ -91,3 +91,16 @@ def sleep(sleep_us: int):
     """A dataset transformation that sleeps `sleep_us` microseconds per element in the pipeline's
     own C++ (for latency-bound benchmarks and tests)."""
     return _data_testing.sleep(sleep_us)
+
+
+def registered_op_names() -> List[str]:
+    """The names of every op registered in this process (TensorFlow's op registry)."""
+    from tensorflow.core.framework import op_def_pb2
+    from tensorflow.python.client import pywrap_tf_session as _c_api
+
+    buffer = _c_api.TF_GetAllOpList()
+    try:
+        ops = op_def_pb2.OpList.FromString(_c_api.TF_GetBuffer(buffer))
+    finally:
+        _c_api.TF_DeleteBuffer(buffer)
+    return [op.name for op in ops.op]

@@ -42,7 +42,7 @@ from dataservice.dispatcher.state import (
 )
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
-from dataservice.pipeline import sharding, splits
+from dataservice.pipeline import policy, sharding, splits
 from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,12 @@ class DispatcherCore:
             raise status.invalid_argument(f"cannot register the dataset: {e}") from None
         except Exception as e:  # noqa: BLE001 - a malformed spec proto raises many kinds
             raise status.invalid_argument(f"cannot register the dataset: unreadable element_spec ({e})") from None
+        if not self._config.allow_unsafe_ops:
+            try:
+                policy.check(graph)
+            except policy.UnsafeDatasetError as e:
+                log.warning("dataset refused: %s", e.op, extra=ids(dataset_id=request.requested_dataset_id))
+                raise status.permission_denied(f"{self._where()} cannot register the dataset: {e}") from None
         try:
             graph_lib.dataset_from_graph(request.graph_def, element_spec)
         except (tf.errors.OpError, ValueError, TypeError) as e:

@@ -64,7 +64,7 @@ class TaskRunner:
         self,
         task_id: int,
         make_elements: Callable[[], ComponentIterator],
-        codec: ElementCodec,
+        codec: Optional[ElementCodec],
         buffer_elements: int = DEFAULT_BUFFER_ELEMENTS,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         dataset_id: str = "",

@@ -18,16 +18,18 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from dataservice import status
 from dataservice.config import WorkerConfig
 from dataservice.monitoring import metrics
 from dataservice.monitoring.health import HealthReporter
 from dataservice.monitoring.http_server import MonitoringServer
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
-from dataservice.pipeline import sharding, splits
+from dataservice.pipeline import policy, sharding, splits
 from dataservice.rpc import servers
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, tcp
+from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.worker import streaming
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
@@ -207,7 +209,20 @@ class WorkerServer:
         self._tasks.mark_reported(tasks)
 
     def _fetch_dataset_def(self, dataset_id: str) -> DatasetDef:
+        """The dataset's graph and element spec from the dispatcher; a graph the dataset policy
+        refuses raises status.ServiceError (PERMISSION_DENIED) before anything is built."""
         response = self._dispatcher.get_dataset_def(dataset_id)
+        if not self._config.allow_unsafe_ops:
+            try:
+                policy.check(graph_lib.parse_graph(response.graph_def))
+            except (policy.UnsafeDatasetError, graph_lib.InvalidDatasetError) as e:
+                log.warning("dataset refused: %s", e, extra=ids(dataset_id=dataset_id, worker=self.address))
+                code = status.Code.PERMISSION_DENIED
+                if isinstance(e, graph_lib.InvalidDatasetError):
+                    code = status.Code.INVALID_ARGUMENT
+                raise status.ServiceError(
+                    code, f"worker {self.address} will not run dataset {dataset_id}: {e}"
+                ) from None
         return response.graph_def, graph_lib.decode_element_spec(response.metadata.element_spec)
 
     def prepare_dataset(self, dataset_id: str) -> None:
@@ -221,12 +236,18 @@ class WorkerServer:
         """Starts a task's pipeline unless it is running or finished already."""
         if self._tasks.is_known(task.task_id):
             return
-        codec = self._datasets.codec(task.dataset_id)
+        try:
+            codec: Optional[ElementCodec] = self._datasets.codec(task.dataset_id)
+            make_elements = functools.partial(self._task_elements, task)
+        except status.ServiceError as e:
+            # The worker will not run the dataset: the task starts and fails with the reason,
+            # which its clients raise.
+            codec, make_elements = None, functools.partial(_raise, e)
 
         def start() -> Tuple[TaskRunner, Optional[RoundRobinServer]]:
             runner = TaskRunner(
                 task.task_id,
-                lambda: self._task_elements(task),
+                make_elements,
                 codec,
                 dataset_id=task.dataset_id,
                 totals=self._production,
@@ -290,3 +311,7 @@ class WorkerServer:
             "sent": sent,
             "open_streams": open_streams,
         }
+
+
+def _raise(error: BaseException) -> ComponentIterator:
+    raise error

@@ -62,3 +62,9 @@ def test_deprecation_silencer_and_sleep_transformation():
     with tf_internal.deprecation_warnings_silenced():
         dataset = tf.data.Dataset.range(3).apply(tf_internal.sleep(10))
     assert list(dataset.as_numpy_iterator()) == [0, 1, 2]
+
+
+def test_registered_op_names_lists_the_op_registry():
+    names = tf_internal.registered_op_names()
+    assert len(names) == len(set(names)) > 1000
+    assert {"RangeDataset", "MapDataset", "WriteFile", "SaveV2"} <= set(names)
