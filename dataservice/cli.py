@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         help="worker: address clients reach the TCP transfer at (%%dts_port%% = its bound port)",
     )
     parser.add_argument("--data_transfer_port", type=int, help="worker: port of the TCP transfer (0: a free port)")
+    parser.add_argument("--auth_token_file", help="file holding the token every RPC must carry (rpc/auth.py)")
     parser.add_argument(
         "--allow_unsafe_ops",
         action=argparse.BooleanOptionalAction,

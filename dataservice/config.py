@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
+from dataservice.rpc import auth
 from dataservice.rpc.addresses import strip_protocol
 
 DEFAULT_JOB_GC_CHECK_INTERVAL_MS = 60_000
@@ -35,6 +36,13 @@ def _check_monitoring_port(port: Optional[int]) -> None:
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_token_file(path: Optional[str]) -> None:
+    if path is not None:
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"auth_token_file must be a path, got {path!r}")
+        auth.read_token_file(path)
 
 
 def _check_protocol(protocol: str) -> None:
@@ -74,6 +82,8 @@ class DispatcherConfig:
       /status.json; 0 picks a free port; None (the default) serves none.
     allow_unsafe_ops: register datasets whose graphs write files or act outside
       producing elements (pipeline/policy.py); off by default.
+    auth_token_file: a file holding the token every RPC must carry (rpc/auth.py);
+      None (the default): no token is required.
     """
 
     port: int = 0
@@ -87,12 +97,14 @@ class DispatcherConfig:
     client_timeout_ms: Optional[int] = None
     monitoring_port: Optional[int] = None
     allow_unsafe_ops: bool = False
+    auth_token_file: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check_port(self.port)
         _check_protocol(self.protocol)
         _check_monitoring_port(self.monitoring_port)
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
+        _check_token_file(self.auth_token_file)
         if self.fault_tolerant_mode and not self.work_dir:
             raise ValueError("fault_tolerant_mode=True needs a work_dir: the dispatcher journals its state there")
         if self.worker_addresses is not None:
@@ -132,6 +144,8 @@ class WorkerConfig:
       None (the default) serves none.
     allow_unsafe_ops: run pipelines whose graphs write files or act outside
       producing elements (pipeline/policy.py); off by default.
+    auth_token_file: a file holding the token every RPC and data stream must carry,
+      which the worker also sends to its dispatcher (rpc/auth.py); None: none.
     """
 
     dispatcher_address: str
@@ -145,9 +159,11 @@ class WorkerConfig:
     data_transfer_port: int = 0
     monitoring_port: Optional[int] = None
     allow_unsafe_ops: bool = False
+    auth_token_file: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
+        _check_token_file(self.auth_token_file)
         if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
             raise ValueError(f"dispatcher_address must be 'host:port', got {self.dispatcher_address!r}")
         object.__setattr__(self, "dispatcher_address", strip_protocol(self.dispatcher_address))

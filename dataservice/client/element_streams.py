@@ -12,7 +12,7 @@ from typing import Iterator, Optional, Protocol, Tuple
 
 import grpc
 
-from dataservice.rpc import errors
+from dataservice.rpc import auth, errors
 from dataservice.rpc.channels import shared_channels
 from dataservice.transfer import grpc_service, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
@@ -64,16 +64,23 @@ class TcpElementStream:
 
     def __init__(self, address: str, requests: Requests):
         self._address = address
+        token = auth.client_token()
         try:
             self._sock = tcp.connect(address, CONNECT_TIMEOUT_S)
         except OSError as e:
             raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {e}") from None
-        self._sender = threading.Thread(target=self._send, args=(requests,), name=f"credits-to-{address}", daemon=True)
+        self._sender = threading.Thread(
+            target=self._send, args=(requests, token), name=f"credits-to-{address}", daemon=True
+        )
         self._sender.start()
 
-    def _send(self, requests: Requests) -> None:
+    def _send(self, requests: Requests, token: Optional[str]) -> None:
         try:
             for request in requests:
+                if token:  # the first request authenticates the stream (rpc/auth.py)
+                    first = worker_pb2.StreamElementsRequest()
+                    first.CopyFrom(request)
+                    first.auth_token, request, token = token, first, None
                 tcp.send_request(self._sock, request)
         except OSError:
             pass  # the connection broke: the reading side reports it

@@ -9,7 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from typing import Dict
+from typing import Dict, Optional
 
 import grpc
 
@@ -25,7 +25,8 @@ PUSH_THREADS = 4
 class GrpcWorkerNotifier:
     """core.WorkerNotifier over gRPC: ProcessTask and PrepareDataset calls to the workers."""
 
-    def __init__(self) -> None:
+    def __init__(self, auth_token: Optional[str] = None) -> None:
+        self._auth_token = auth_token
         self._lock = threading.Lock()
         self._stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
         self._channels: Dict[str, grpc.Channel] = {}
@@ -75,6 +76,6 @@ class GrpcWorkerNotifier:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = self._channels[address] = make_channel(address)
+                channel = self._channels[address] = make_channel(address, self._auth_token)
                 stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
             return stub

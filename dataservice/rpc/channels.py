@@ -13,9 +13,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from typing import Dict, Iterator
+from typing import Dict, Iterator, Optional
 
 import grpc
+
+from dataservice.rpc import auth
 
 # Elements and dataset graphs can be far larger than gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 2**31 - 1
@@ -33,8 +35,12 @@ CHANNEL_OPTIONS = [
 MAX_IDLE = 64
 
 
-def make_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def make_channel(address: str, auth_token: Optional[str] = None) -> grpc.Channel:
+    """A channel to `address`; with `auth_token`, every call on it carries the token."""
+    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    if auth_token:
+        channel = grpc.intercept_channel(channel, auth.ClientAuthInterceptor(auth_token))
+    return channel
 
 
 class SharedChannels:
@@ -47,11 +53,12 @@ class SharedChannels:
         self._idle: "collections.OrderedDict[str, None]" = collections.OrderedDict()
 
     def acquire(self, address: str) -> grpc.Channel:
-        """The channel to `address`; give it back with release(address)."""
+        """The channel to `address` (carrying this process's client token, if it has one: see
+        rpc/auth.py); give it back with release(address)."""
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = make_channel(address)
+                channel = self._channels[address] = make_channel(address, auth.client_token())
             self._users[address] += 1
             self._idle.pop(address, None)
             return channel

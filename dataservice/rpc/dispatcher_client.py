@@ -16,7 +16,7 @@ from typing import Callable, List, Optional, Sequence
 
 import grpc
 
-from dataservice.rpc import errors, retrying
+from dataservice.rpc import auth, errors, retrying
 from dataservice.rpc.channels import make_channel, shared_channels
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 
@@ -45,11 +45,13 @@ class DispatcherClient:
     the channel back.
     """
 
-    def __init__(self, address: str, timeout_s: float, shared: bool = False):
+    def __init__(self, address: str, timeout_s: float, shared: bool = False, auth_token: Optional[str] = None):
         self.address = address
         self.timeout_s = timeout_s
         self._shared = shared
-        self._channel: Optional[grpc.Channel] = shared_channels.acquire(address) if shared else make_channel(address)
+        self._channel: Optional[grpc.Channel] = (
+            shared_channels.acquire(address) if shared else make_channel(address, auth_token or auth.client_token())
+        )
         self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(self._channel)
 
     @property

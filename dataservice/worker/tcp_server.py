@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import Callable, Iterator, Set
+from typing import Callable, Iterator, Optional, Set
 
 from dataservice import status
+from dataservice.rpc import auth
 from dataservice.transfer import tcp, wire
 from dataservice.v1 import worker_pb2
 from dataservice.worker import streaming
@@ -50,8 +51,10 @@ def _listen(port: int) -> socket.socket:
 class TcpTransferServer:
     """Serves task streams over TCP with `stream_fn` (streaming.stream_task bound to a worker)."""
 
-    def __init__(self, stream_fn: StreamFn, port: int):
+    def __init__(self, stream_fn: StreamFn, port: int, auth_token: Optional[str] = None, server: str = "the worker"):
         self._stream_fn = stream_fn
+        self._auth_token = auth_token
+        self._server = server
         self._listener = _listen(port)
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -99,6 +102,10 @@ class TcpTransferServer:
             requests = tcp.read_requests(conn)
             request = next(requests, None)
             if request is None:
+                return
+            refused = auth.failure(request.auth_token, self._auth_token, self._server)
+            if refused is not None:
+                _send_error(conn, status.Code.UNAUTHENTICATED, refused)
                 return
             try:
                 for header, buffers in self._stream_fn(request, requests, lambda: not self._stopped.is_set()):

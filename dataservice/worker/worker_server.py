@@ -26,7 +26,7 @@ from dataservice.monitoring.http_server import MonitoringServer
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import policy, sharding, splits
-from dataservice.rpc import servers
+from dataservice.rpc import auth, servers
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, tcp
 from dataservice.transfer.wire import ElementCodec
@@ -61,6 +61,9 @@ class WorkerServer:
         if config.monitoring_port is not None:
             self._registry = metrics.new_registry(metrics.WorkerCollector(self._metrics_data))
             interceptors.append(metrics.RpcMetricsInterceptor(self._registry))
+        token = auth.read_token_file(config.auth_token_file) if config.auth_token_file else None
+        if token is not None:
+            interceptors.append(auth.ServerAuthInterceptor(token, lambda: f"worker {self.address}"))
         self._server = servers.new_server(max_workers=64, interceptors=interceptors)
         self._port = servers.bind(self._server, config.port)
         self.address = config.worker_address.replace("%port%", str(self._port))
@@ -80,10 +83,15 @@ class WorkerServer:
         self.transfer_address = self.address
         if config.data_transfer_protocol == tcp.PROTOCOL:
             self._tcp = TcpTransferServer(
-                functools.partial(streaming.stream_task, streams, protocol=tcp.PROTOCOL), config.data_transfer_port
+                functools.partial(streaming.stream_task, streams, protocol=tcp.PROTOCOL),
+                config.data_transfer_port,
+                auth_token=token,
+                server=f"worker {self.address}",
             )
             self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))
-        self._dispatcher = DispatcherClient(config.dispatcher_address, config.dispatcher_timeout_ms / 1000)
+        self._dispatcher = DispatcherClient(
+            config.dispatcher_address, config.dispatcher_timeout_ms / 1000, auth_token=token
+        )
         self._datasets = DatasetCache(self._fetch_dataset_def)
         self._stopped = threading.Event()
         self._heartbeat_thread: Optional[threading.Thread] = None
