@@ -31,7 +31,7 @@ import yaml
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher.dispatch_server import DispatchServer
 from dataservice.monitoring import logs, status_tables
-from dataservice.rpc.addresses import strip_protocol
+from dataservice.rpc.addresses import parse_service
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import allocator
 from dataservice.worker.worker_server import WorkerServer
@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
         help="worker: address clients reach the TCP transfer at (%%dts_port%% = its bound port)",
     )
     parser.add_argument("--data_transfer_port", type=int, help="worker: port of the TCP transfer (0: a free port)")
+    parser.add_argument("--protocol", choices=["grpc", "grpc+tls"], help="grpc+tls: serve (and call) over TLS")
+    parser.add_argument("--tls_cert_file", help="grpc+tls: the server's PEM certificate")
+    parser.add_argument("--tls_key_file", help="grpc+tls: the server's PEM key")
+    parser.add_argument("--tls_ca_file", help="grpc+tls: require client certificates signed by this CA (mutual TLS)")
     parser.add_argument("--auth_token_file", help="file holding the token every RPC must carry (rpc/auth.py)")
     parser.add_argument(
         "--allow_unsafe_ops",
@@ -96,7 +100,9 @@ def _status_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="data-server status", description="Print what a dispatcher knows: workers, jobs, clients, datasets."
     )
-    parser.add_argument("--dispatcher_address", required=True, help="host:port of the dispatcher")
+    parser.add_argument(
+        "--dispatcher_address", required=True, help="host:port of the dispatcher (grpc+tls://host:port: over TLS)"
+    )
     parser.add_argument("--json", action="store_true", help="print the status document as JSON")
     parser.add_argument("--timeout_s", type=float, default=10.0, help="how long to try to reach the dispatcher")
     return parser
@@ -105,7 +111,12 @@ def _status_parser() -> argparse.ArgumentParser:
 def status_main(argv: List[str]) -> int:
     """`data-server status`: the dispatcher's status document as tables (or JSON)."""
     args = _status_parser().parse_args(argv)
-    client = DispatcherClient(strip_protocol(args.dispatcher_address), args.timeout_s)
+    try:
+        target = parse_service(args.dispatcher_address)
+    except ValueError as e:
+        print(f"data-server status: {e}", file=sys.stderr)
+        return 2
+    client = DispatcherClient(target.address, args.timeout_s, tls=target.tls)
     try:
         doc = client.get_status()
     except tf.errors.OpError as e:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-from dataservice.rpc import auth
+from dataservice.rpc import auth, tls
 from dataservice.rpc.addresses import strip_protocol
 
 DEFAULT_JOB_GC_CHECK_INTERVAL_MS = 60_000
@@ -46,8 +46,26 @@ def _check_token_file(path: Optional[str]) -> None:
 
 
 def _check_protocol(protocol: str) -> None:
-    if protocol != "grpc":
-        raise ValueError(f"protocol must be 'grpc', got {protocol!r}")
+    if protocol not in tls.PROTOCOLS:
+        raise ValueError(f"protocol must be 'grpc' or 'grpc+tls', got {protocol!r}")
+
+
+def _check_tls(config) -> None:
+    """protocol='grpc+tls' needs a certificate and its key; the TLS files need it; all must be readable."""
+    files = (config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
+    if config.protocol == tls.TLS:
+        if not config.tls_cert_file or not config.tls_key_file:
+            raise ValueError("protocol='grpc+tls' needs tls_cert_file and tls_key_file (the server's PEM files)")
+        tls.TlsFiles(config.tls_ca_file, config.tls_cert_file, config.tls_key_file).check()
+    elif any(files):
+        raise ValueError("tls_cert_file, tls_key_file and tls_ca_file need protocol='grpc+tls'")
+
+
+def server_tls(config) -> Optional[tls.ServerTls]:
+    """The TLS a server with `config` serves (None: plaintext)."""
+    if config.protocol != tls.TLS:
+        return None
+    return tls.ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
 
 
 # How elements can travel from workers to clients ("grpc": gRPC only; "tcp": TCP, gRPC beside it).
@@ -68,7 +86,9 @@ class DispatcherConfig:
     """Configuration of a DispatchServer.
 
     port: the port to bind; 0 picks a free one.
-    protocol: "grpc".
+    protocol: "grpc", or "grpc+tls" (clients then use "grpc+tls://host:port").
+    tls_cert_file / tls_key_file: the server's PEM certificate and key (grpc+tls).
+    tls_ca_file: require client certificates signed by this CA (mutual TLS).
     work_dir: where the dispatcher keeps dataset graphs and, in
       fault_tolerant_mode, its journal.
     fault_tolerant_mode: journal every state change to work_dir so that a
@@ -98,10 +118,14 @@ class DispatcherConfig:
     monitoring_port: Optional[int] = None
     allow_unsafe_ops: bool = False
     auth_token_file: Optional[str] = None
+    tls_cert_file: Optional[str] = None
+    tls_key_file: Optional[str] = None
+    tls_ca_file: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check_port(self.port)
         _check_protocol(self.protocol)
+        _check_tls(self)
         _check_monitoring_port(self.monitoring_port)
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         _check_token_file(self.auth_token_file)
@@ -127,7 +151,11 @@ class DispatcherConfig:
 class WorkerConfig:
     """Configuration of a WorkerServer.
 
-    dispatcher_address: "host:port" of the dispatcher (a "grpc://" prefix is accepted).
+    dispatcher_address: "host:port" of the dispatcher (a "grpc://" or "grpc+tls://" prefix is accepted).
+    protocol: "grpc", or "grpc+tls": serve over TLS and reach the dispatcher over TLS,
+      presenting tls_cert_file and trusting tls_ca_file (else DATASERVICE_TLS_CA_FILE,
+      else the system's roots).
+    tls_cert_file / tls_key_file / tls_ca_file: as for DispatcherConfig.
     worker_address: the address clients use to reach this worker;
       "%port%" is replaced by the bound port. Default: "localhost:%port%".
     port: the port to bind; 0 picks a free one.
@@ -160,6 +188,9 @@ class WorkerConfig:
     monitoring_port: Optional[int] = None
     allow_unsafe_ops: bool = False
     auth_token_file: Optional[str] = None
+    tls_cert_file: Optional[str] = None
+    tls_key_file: Optional[str] = None
+    tls_ca_file: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
@@ -169,6 +200,7 @@ class WorkerConfig:
         object.__setattr__(self, "dispatcher_address", strip_protocol(self.dispatcher_address))
         _check_port(self.port)
         _check_protocol(self.protocol)
+        _check_tls(self)
         if self.worker_address is None:
             object.__setattr__(self, "worker_address", "localhost:%port%")
         elif not isinstance(self.worker_address, str) or not self.worker_address:

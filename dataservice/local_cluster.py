@@ -166,8 +166,8 @@ class LocalCluster:
 
     @property
     def target(self) -> str:
-        """The dispatcher as distribute()'s `service` argument."""
-        return "grpc://" + self.address
+        """The dispatcher as distribute()'s `service` argument ("grpc+tls://" for a TLS cluster)."""
+        return f"{self._dispatcher_options.get('protocol', 'grpc')}://{self.address}"
 
     @property
     def status_page_url(self) -> Optional[str]:

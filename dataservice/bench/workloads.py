@@ -1,7 +1,7 @@
 """Benchmarks: the same workloads through a local pipeline, TensorFlow's own
 tf.data service and dataservice, in one process run, reported as ratios.
 
-    python -m dataservice.bench [--quick] [--json FILE] [--workloads 1,2,3,4,5,6,7,8]
+    python -m dataservice.bench [--quick] [--json FILE] [--workloads 1,2,3,4,5,6,7,8,9]
 
 1. scalar int64 elements, 1 worker, parallel_epochs (elements/s)
 2. 1 MiB float32 elements, 1 worker, compression None and AUTO (MB/s)
@@ -11,6 +11,8 @@ tf.data service and dataservice, in one process run, reported as ratios.
 6. dispatcher recovery: replaying a journal of 100,000 updates (s), raw and with snapshots
 7. the dispatcher core at 10 / 100 / 1,000 simulated workers and 200 clients (bench/scale.py)
 8. worker heartbeat latency while a 100,000-update state is snapshotted (bench/scale.py)
+9. the cost of TLS: workload 2 (compression None) through dataservice with TLS off and on,
+   over the TCP transfer and over gRPC (MB/s; certificates made for the run)
 
 TensorFlow's servers run in this process (they are C++); ours run as
 `data-server` processes, as they would in production. The client of each
@@ -297,7 +299,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
     # Short measurements vary most: they are repeated and their median reported.
     repeats = 3 if not quick else 1
     latency_repeats = 9 if not quick else 3
-    clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()} if set(workloads) - {6, 7, 8} else {}
+    clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()} if set(workloads) - {6, 7, 8, 9} else {}
     try:
         for cluster in clusters.values():
             cluster.add_worker()
@@ -442,6 +444,8 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
             {"p50": stall.heartbeat_p50_ms, "p99": stall.heartbeat_p99_ms, "max": stall.heartbeat_max_ms},
             higher_is_better=False,
         )
+    if 9 in workloads:
+        _tls_cost(bench, scale, repeats)
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"quick": quick, "rows": bench.rows}, f, indent=2)
@@ -449,18 +453,64 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
     return bench.rows
 
 
+def _tls_cost(bench: Bench, scale: float, repeats: int) -> None:
+    """Workload 2 through a plaintext and a TLS cluster of ours (data-server processes that trust
+    a CA made for the run), over the TCP transfer and over gRPC."""
+    from dataservice.bench.certificates import make_certificates
+    from dataservice.rpc import tls
+
+    mib = 1024 * 1024
+    n_big = max(20, int(1000 * scale))
+    payload = tf.random.stateless_uniform([mib // 4], seed=[1, 2])
+    make_big = lambda trial: tf.data.Dataset.from_tensors(payload).repeat(n_big)  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="dataservice-bench-certs-") as directory:
+        certs = make_certificates(directory)
+        previous = os.environ.get(tls.CA_ENV)
+        os.environ[tls.CA_ENV] = certs.ca_file  # for the worker processes and this client
+        options = {
+            "protocol": "grpc+tls",
+            "tls_cert_file": certs.server_cert_file,
+            "tls_key_file": certs.server_key_file,
+        }
+        clusters = {
+            "plaintext": LocalCluster(num_workers=1),
+            "tls": LocalCluster(num_workers=1, dispatcher_options=options, worker_options=options),
+        }
+        try:
+            for transfer in ("tcp", "grpc"):
+                samples: Dict[str, List[float]] = {}
+                for _ in range(repeats):
+                    for name, cluster in clusters.items():
+                        dataset = make_big(0).apply(
+                            dataservice.distribute(
+                                "parallel_epochs", cluster.target, compression=None, data_transfer_protocol=transfer
+                            )
+                        )
+                        samples.setdefault(name, []).append(_big_rates(_count(dataset, mib))["throughput"])
+                values = {name: statistics.median(runs) for name, runs in samples.items()}
+                values["tls/plaintext"] = values["tls"] / values["plaintext"]
+                bench.record(f"9. 1 MiB float32, TLS off/on, {transfer} transfer", "throughput", "MB/s", values)
+        finally:
+            for cluster in clusters.values():
+                cluster.stop()
+            if previous is None:
+                os.environ.pop(tls.CA_ENV, None)
+            else:
+                os.environ[tls.CA_ENV] = previous
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="dataservice vs TensorFlow's tf.data service")
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds per workload")
     parser.add_argument("--json", help="write the results to this file")
-    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8", help="comma-separated workload numbers")
+    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,9", help="comma-separated workload numbers")
     args = parser.parse_args(argv)
     try:
         workloads = sorted({int(w) for w in args.workloads.split(",")})
     except ValueError:
-        parser.error(f"--workloads must be numbers 1-8, got {args.workloads!r}")
-    if not set(workloads) <= {1, 2, 3, 4, 5, 6, 7, 8}:
-        parser.error(f"--workloads must be numbers 1-8, got {args.workloads!r}")
+        parser.error(f"--workloads must be numbers 1-9, got {args.workloads!r}")
+    if not set(workloads) <= set(range(1, 10)):
+        parser.error(f"--workloads must be numbers 1-9, got {args.workloads!r}")
     allocator.keep_freed_memory_in_client()
     run(args.quick, workloads, args.json)
     return 0

@@ -65,7 +65,7 @@ def _dataset_id_str(dataset_id: DatasetId) -> str:
 
 
 def _register(
-    address: str,
+    target: addresses.Target,
     dataset: tf.data.Dataset,
     compression: Optional[str],
     requested: str,
@@ -88,7 +88,7 @@ def _register(
     if splittable:
         # Refuse an unsplittable pipeline here, not at the first element.
         splits.find_sources(graph)
-    with DispatcherClient(address, timeout_s, shared=True) as dispatcher:
+    with DispatcherClient(target.address, timeout_s, shared=True, tls=target.tls) as dispatcher:
         return dispatcher.register_dataset(graph_bytes, metadata, requested, prepare_workers)
 
 
@@ -105,9 +105,9 @@ def register_dataset(
     The same pipeline registered twice gets the same id; a requested
     `dataset_id` is used as given.
     """
-    address = addresses.parse_service(service)
+    target = addresses.parse_service(service)
     requested = "" if dataset_id is None else _dataset_id_str(dataset_id)
-    return tf.constant(_register(address, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms)))
+    return tf.constant(_register(target, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms)))
 
 
 class _ReadOptions:
@@ -170,7 +170,12 @@ class _ReadOptions:
 
 
 def _service_dataset(
-    address: str, dataset_id: str, element_spec: Any, cardinality: int, options: _ReadOptions, compression: int
+    target: addresses.Target,
+    dataset_id: str,
+    element_spec: Any,
+    cardinality: int,
+    options: _ReadOptions,
+    compression: int,
 ) -> tf.data.Dataset:
     graph_lib.check_element_spec(element_spec)
     options.check_cardinality(cardinality)
@@ -199,12 +204,19 @@ def _service_dataset(
             allocator.keep_freed_memory_in_client()
         if options.num_consumers is not None:
             reader = CoordinatedReader(
-                address, job, next(repetitions), codec, options.consumer_index, options.timeout_s, compression
+                target.address,
+                job,
+                next(repetitions),
+                codec,
+                options.consumer_index,
+                options.timeout_s,
+                compression,
+                tls=target.tls,
             )
             chunks = iter(reader)
         else:
             reader = IterationReader(
-                address,
+                target.address,
                 job,
                 next(repetitions),
                 codec,
@@ -212,6 +224,7 @@ def _service_dataset(
                 options.timeout_s,
                 compression,
                 options.data_transfer_protocol,
+                tls=target.tls,
             )
             chunks = reader.chunks(merge_up_to)
         try:
@@ -267,7 +280,7 @@ def from_dataset_id(
     Without `element_spec` the spec is fetched from the dispatcher (and an
     unknown id fails here, with NotFoundError).
     """
-    address = addresses.parse_service(service)
+    target = addresses.parse_service(service)
     dataset_id = _dataset_id_str(dataset_id)
     options = _ReadOptions(
         processing_mode,
@@ -283,12 +296,12 @@ def from_dataset_id(
     cardinality = tf.data.UNKNOWN_CARDINALITY
     compression = common_pb2.COMPRESSION_AUTO
     if element_spec is None:
-        with DispatcherClient(address, options.timeout_s, shared=True) as dispatcher:
+        with DispatcherClient(target.address, options.timeout_s, shared=True, tls=target.tls) as dispatcher:
             metadata = dispatcher.get_data_service_metadata(dataset_id)
         element_spec = graph_lib.decode_element_spec(metadata.element_spec)
         cardinality = metadata.cardinality
         compression = metadata.compression
-    return _service_dataset(address, dataset_id, element_spec, cardinality, options, compression)
+    return _service_dataset(target, dataset_id, element_spec, cardinality, options, compression)
 
 
 def distribute(
@@ -309,7 +322,7 @@ def distribute(
 
     >>> ds = tf.data.Dataset.range(10).apply(distribute("parallel_epochs", "grpc://localhost:5050"))
     """
-    address = addresses.parse_service(service)
+    target = addresses.parse_service(service)
     compression_enum = modes.parse_compression(compression)
     options = _ReadOptions(
         processing_mode,
@@ -326,7 +339,7 @@ def distribute(
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
         options.check_cardinality(int(dataset.cardinality()))
         dataset_id = _register(
-            address,
+            target,
             dataset,
             compression,
             "",
@@ -335,7 +348,7 @@ def distribute(
             prepare_workers=options.sharding_policy == modes.ShardingPolicy.OFF,
         )
         return _service_dataset(
-            address, dataset_id, dataset.element_spec, int(dataset.cardinality()), options, compression_enum
+            target, dataset_id, dataset.element_spec, int(dataset.cardinality()), options, compression_enum
         )
 
     return apply

@@ -22,6 +22,7 @@ from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
 from dataservice.rpc.channels import shared_channels
+from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import grpc_service, wire
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
@@ -39,8 +40,10 @@ class CoordinatedReader:
         consumer_index: int,
         timeout_s: float,
         compression: int,
+        tls: Optional[TlsFiles] = None,
     ):
         self.codec = codec
+        self._tls = tls
         self._consumer_index = consumer_index
         self._timeout_s = timeout_s
         self._compression = compression
@@ -61,6 +64,7 @@ class CoordinatedReader:
             on_error=self._fail,
             current_round=lambda: self._round,
             reading=self.meter.totals,
+            tls=tls,
         )
         self.client_id = self.session.client_id
         self.session.start()
@@ -171,10 +175,10 @@ class CoordinatedReader:
     def _stub(self, address: str) -> grpc_service.WorkerDataStub:
         stub = self._stubs.get(address)
         if stub is None:
-            stub = self._stubs[address] = grpc_service.WorkerDataStub(shared_channels.acquire(address))
+            stub = self._stubs[address] = grpc_service.WorkerDataStub(shared_channels.acquire(address, self._tls))
         return stub
 
     def close(self) -> None:
         self.session.close()
         for address in self._stubs:
-            shared_channels.release(address)
+            shared_channels.release(address, self._tls)

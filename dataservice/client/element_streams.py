@@ -7,6 +7,7 @@ grpc.RpcError (errors.RemoteError for TCP), so the reader handles them alike.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from typing import Iterator, Optional, Protocol, Tuple
 
@@ -14,6 +15,7 @@ import grpc
 
 from dataservice.rpc import auth, errors
 from dataservice.rpc.channels import shared_channels
+from dataservice.rpc.tls import TlsFiles, diagnose
 from dataservice.transfer import grpc_service, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
 
@@ -23,13 +25,15 @@ Response = Tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]
 CONNECT_TIMEOUT_S = 10.0
 
 
-def open_stream(task: common_pb2.TaskInfo, protocol: Optional[str], requests: Requests) -> "ElementStream":
+def open_stream(
+    task: common_pb2.TaskInfo, protocol: Optional[str], requests: Requests, tls: Optional[TlsFiles] = None
+) -> "ElementStream":
     """The stream of `task` over TCP where its worker offers it and `protocol` allows (None or "tcp"),
-    else over gRPC at the worker's address."""
+    else over gRPC at the worker's address; over TLS with `tls`."""
     address = tcp.transfer_address(task.transfer_address)
     if address is not None and protocol != "grpc":
-        return TcpElementStream(address, requests)
-    return GrpcElementStream(task.worker_address, requests)
+        return TcpElementStream(address, requests, tls)
+    return GrpcElementStream(task.worker_address, requests, tls)
 
 
 class ElementStream(Protocol):
@@ -43,9 +47,10 @@ class ElementStream(Protocol):
 
 
 class GrpcElementStream:
-    def __init__(self, address: str, requests: Requests):
+    def __init__(self, address: str, requests: Requests, tls: Optional[TlsFiles] = None):
         self._address = address
-        self._call = grpc_service.WorkerDataStub(shared_channels.acquire(address)).StreamElements(requests)
+        self._tls = tls
+        self._call = grpc_service.WorkerDataStub(shared_channels.acquire(address, tls)).StreamElements(requests)
 
     def __iter__(self) -> Iterator[Response]:
         for data in self._call:
@@ -56,17 +61,20 @@ class GrpcElementStream:
 
     def close(self) -> None:
         self._call.cancel()
-        shared_channels.release(self._address)
+        shared_channels.release(self._address, self._tls)
 
 
 class TcpElementStream:
     """One TCP connection: requests go out on a thread of their own, responses are read by the iterating one."""
 
-    def __init__(self, address: str, requests: Requests):
+    def __init__(self, address: str, requests: Requests, tls: Optional[TlsFiles] = None):
         self._address = address
         token = auth.client_token()
         try:
-            self._sock = tcp.connect(address, CONNECT_TIMEOUT_S)
+            self._sock = tcp.connect(address, CONNECT_TIMEOUT_S, tls)
+        except ssl.SSLError as e:
+            reason = diagnose(address, tls) or f"the TLS handshake failed: {e}"
+            raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {reason}") from None
         except OSError as e:
             raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {e}") from None
         self._sender = threading.Thread(

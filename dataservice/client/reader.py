@@ -27,6 +27,7 @@ from dataservice.client.element_streams import ElementStream, open_stream
 from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
+from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import wire
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
@@ -53,9 +54,11 @@ class IterationReader:
         timeout_s: float,
         compression: int,
         protocol: Optional[str] = None,
+        tls: Optional[TlsFiles] = None,
     ):
         self.codec = codec
         self.protocol = protocol
+        self.tls = tls
         self.timeout_s = timeout_s
         self.compression = compression
         self.credits = CreditLedger(max_outstanding)
@@ -82,6 +85,7 @@ class IterationReader:
             on_error=self.fail,
             consumed_tasks=self.consumed_tasks,
             reading=self.meter.totals,
+            tls=tls,
         )
         self.client_id = self.session.client_id
         self.session.start()
@@ -280,7 +284,7 @@ class _TaskStream:
             ended = threading.Event()
             stream: Optional[ElementStream] = None
             try:
-                stream = open_stream(self._task, reader.protocol, self._requests(ended))
+                stream = open_stream(self._task, reader.protocol, self._requests(ended), reader.tls)
                 with self._cancel_lock:
                     self._stream = stream
                     if reader.stopped.is_set() or self._abandoned.is_set():

@@ -18,6 +18,7 @@ from typing import Callable, FrozenSet, Optional, Sequence
 import tensorflow as tf
 
 from dataservice.rpc.dispatcher_client import DispatcherClient, ReadingTotals
+from dataservice.rpc.tls import TlsFiles
 from dataservice.v1 import common_pb2, dispatcher_pb2
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class IterationSession:
         current_round: Callable[[], int] = lambda: 0,
         consumed_tasks: Callable[[], Sequence[int]] = lambda: (),
         reading: Callable[[], ReadingTotals] = ReadingTotals,
+        tls: Optional[TlsFiles] = None,
     ):
         self._address = dispatcher_address
         self.timeout_s = timeout_s
@@ -83,7 +85,7 @@ class IterationSession:
         self._current_round = current_round
         self._consumed_tasks = consumed_tasks
         self._reading = reading
-        self._dispatcher = DispatcherClient(dispatcher_address, timeout_s, shared=True)
+        self._dispatcher = DispatcherClient(dispatcher_address, timeout_s, shared=True, tls=tls)
         self._stop = threading.Event()
         self._wake = threading.Event()
         try:

@@ -8,8 +8,9 @@ import threading
 import time
 from typing import Any, Dict, Optional, Tuple
 
+from dataservice import config as config_lib
 from dataservice.config import DispatcherConfig
-from dataservice.dispatcher import journal
+from dataservice.dispatcher import journal, status_report
 from dataservice.dispatcher.core import DispatcherCore
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.grpc_servicer import DispatcherServicer
@@ -50,12 +51,17 @@ class DispatchServer:
         token = auth.read_token_file(self._config.auth_token_file) if self._config.auth_token_file else None
         if token is not None:
             interceptors.append(auth.ServerAuthInterceptor(token, lambda: f"the dispatcher at {self._address}"))
+        self._tls = config_lib.server_tls(self._config)
         self._server = servers.new_server(max_workers=32, interceptors=interceptors)
-        self._port = servers.bind(self._server, self._config.port)
+        self._port = servers.bind(
+            self._server, self._config.port, self._tls.server_credentials() if self._tls is not None else None
+        )
         self._servicer = DispatcherServicer(address=f"the dispatcher at {self._address}")
         dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._servicer, self._server)
         self._health = HealthReporter(self._server, [SERVICE_NAME])
-        self._notifier = GrpcWorkerNotifier(auth_token=token)
+        self._notifier = GrpcWorkerNotifier(
+            auth_token=token, tls=self._tls.as_client() if self._tls is not None else None
+        )
         self._core: Optional[DispatcherCore] = None
         self._journal: Optional[JournalWriter] = None
         self._monitoring: Optional[MonitoringServer] = None
@@ -85,6 +91,16 @@ class DispatchServer:
             return
         self._started = True
         self._server.start()
+        if self._registry is not None:
+            # Up before the replay, so that /healthz answers (and a liveness probe passes) meanwhile.
+            self._monitoring = MonitoringServer(
+                self._config.monitoring_port,
+                self._registry,
+                status=self._status_or_empty,
+                role="dispatcher",
+                health=self._health,
+            )
+            log.info("dispatcher monitoring (status page, /metrics) on port %d", self._monitoring.port)
         state, self._journal = self._recover()
         if self._journal is not None and self._registry is not None:
             self._journal.observer = metrics.JournalMetrics(self._registry)
@@ -98,11 +114,6 @@ class DispatchServer:
         )
         self._servicer.attach(self._core)
         self._gc_thread.start()
-        if self._registry is not None:
-            self._monitoring = MonitoringServer(
-                self._config.monitoring_port, self._registry, status=self._core.status, role="dispatcher"
-            )
-            log.info("dispatcher monitoring (status page, /metrics) on port %d", self._monitoring.port)
         self._health.set_ready(True)
         log.info("dispatcher serving on port %d", self._port)
 
@@ -135,9 +146,26 @@ class DispatchServer:
                 log.exception("garbage collection failed")
 
     def _status_or_empty(self) -> Dict[str, Any]:
+        """The status document; while the journal is replayed, one that says so."""
         core = self._core
         if core is None:
-            return {"workers": [], "datasets": [], "jobs": [], "clients": []}
+            return {
+                "format": status_report.STATUS_FORMAT,
+                "recovering": True,
+                "dispatcher": {
+                    "address": self._address,
+                    "fault_tolerant_mode": self._config.fault_tolerant_mode,
+                    "work_dir": self._config.work_dir,
+                    "uptime_s": 0.0,
+                    "journal_appends": 0,
+                },
+                "summary": {},
+                "workers": [],
+                "datasets": [],
+                "jobs": [],
+                "clients": [],
+                "throughput": {"bucket_s": 0, "points": []},
+            }
         return core.status()
 
     def state_summary(self) -> Dict[str, int]:
@@ -156,7 +184,7 @@ class DispatchServer:
 
     @property
     def target(self) -> str:
-        return f"grpc://localhost:{self._port}"
+        return f"{self._config.protocol}://localhost:{self._port}"
 
     @property
     def _address(self) -> str:

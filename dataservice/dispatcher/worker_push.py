@@ -14,6 +14,7 @@ from typing import Dict, Optional
 import grpc
 
 from dataservice.rpc.channels import make_channel
+from dataservice.rpc.tls import TlsFiles
 from dataservice.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,9 @@ PUSH_THREADS = 4
 class GrpcWorkerNotifier:
     """core.WorkerNotifier over gRPC: ProcessTask and PrepareDataset calls to the workers."""
 
-    def __init__(self, auth_token: Optional[str] = None) -> None:
+    def __init__(self, auth_token: Optional[str] = None, tls: Optional[TlsFiles] = None) -> None:
         self._auth_token = auth_token
+        self._tls = tls
         self._lock = threading.Lock()
         self._stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
         self._channels: Dict[str, grpc.Channel] = {}
@@ -76,6 +78,6 @@ class GrpcWorkerNotifier:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = self._channels[address] = make_channel(address, self._auth_token)
+                channel = self._channels[address] = make_channel(address, self._auth_token, self._tls)
                 stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
             return stub

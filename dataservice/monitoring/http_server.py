@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from dataservice.monitoring.health import HealthReporter
+
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], Dict[str, Any]]
@@ -26,10 +28,18 @@ def status_page_html() -> bytes:
 
 
 class MonitoringServer:
-    """Serves GET /metrics (`registry`) and, given `status`, GET / (the status page) and
-    GET /status.json, on `port` of every interface (0 picks a free port)."""
+    """Serves GET /metrics (`registry`), GET /healthz and /readyz (`health`: 200 when alive,
+    ready; 503 otherwise) and, given `status`, GET / (the status page) and GET /status.json,
+    on `port` of every interface (0 picks a free port)."""
 
-    def __init__(self, port: int, registry: CollectorRegistry, status: Optional[StatusFn] = None, role: str = ""):
+    def __init__(
+        self,
+        port: int,
+        registry: CollectorRegistry,
+        status: Optional[StatusFn] = None,
+        role: str = "",
+        health: Optional[HealthReporter] = None,
+    ):
         page = status_page_html() if status is not None else None
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -40,6 +50,10 @@ class MonitoringServer:
                 try:
                     if path == "/metrics":
                         self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+                    elif path in ("/healthz", "/readyz") and health is not None:
+                        ok = health.alive if path == "/healthz" else health.ready
+                        body = b"ok\n" if ok else b"not serving\n"
+                        self._send(200 if ok else 503, "text/plain; charset=utf-8", body)
                     elif path == "/status.json" and status is not None:
                         self._send(200, "application/json", json.dumps(status()).encode())
                     elif path in ("/", "/index.html") and page is not None:

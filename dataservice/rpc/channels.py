@@ -13,11 +13,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional, Tuple
 
 import grpc
 
 from dataservice.rpc import auth
+from dataservice.rpc.tls import TlsFiles
 
 # Elements and dataset graphs can be far larger than gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 2**31 - 1
@@ -33,11 +34,15 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 MAX_IDLE = 64
+_Key = Tuple[str, Optional[TlsFiles]]
 
 
-def make_channel(address: str, auth_token: Optional[str] = None) -> grpc.Channel:
-    """A channel to `address`; with `auth_token`, every call on it carries the token."""
-    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def make_channel(address: str, auth_token: Optional[str] = None, tls: Optional[TlsFiles] = None) -> grpc.Channel:
+    """A channel to `address`, over TLS with `tls`; with `auth_token`, every call on it carries the token."""
+    if tls is not None:
+        channel = grpc.secure_channel(address, tls.channel_credentials(), options=CHANNEL_OPTIONS)
+    else:
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     if auth_token:
         channel = grpc.intercept_channel(channel, auth.ClientAuthInterceptor(auth_token))
     return channel
@@ -47,40 +52,42 @@ class SharedChannels:
     def __init__(self, max_idle: int = MAX_IDLE):
         self._max_idle = max_idle
         self._lock = threading.Lock()
-        self._channels: Dict[str, grpc.Channel] = {}
-        self._users: Dict[str, int] = collections.Counter()
-        # Addresses whose channel nobody holds, oldest release first.
-        self._idle: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+        self._channels: Dict[_Key, grpc.Channel] = {}
+        self._users: Dict[_Key, int] = collections.Counter()
+        # Channels nobody holds, oldest release first.
+        self._idle: "collections.OrderedDict[_Key, None]" = collections.OrderedDict()
 
-    def acquire(self, address: str) -> grpc.Channel:
-        """The channel to `address` (carrying this process's client token, if it has one: see
-        rpc/auth.py); give it back with release(address)."""
+    def acquire(self, address: str, tls: Optional[TlsFiles] = None) -> grpc.Channel:
+        """The channel to `address` (over TLS with `tls`; carrying this process's client token,
+        if it has one: see rpc/auth.py); give it back with release(address, tls)."""
+        key = (address, tls)
         with self._lock:
-            channel = self._channels.get(address)
+            channel = self._channels.get(key)
             if channel is None:
-                channel = self._channels[address] = make_channel(address, auth.client_token())
-            self._users[address] += 1
-            self._idle.pop(address, None)
+                channel = self._channels[key] = make_channel(address, auth.client_token(), tls)
+            self._users[key] += 1
+            self._idle.pop(key, None)
             return channel
 
-    def release(self, address: str) -> None:
+    def release(self, address: str, tls: Optional[TlsFiles] = None) -> None:
+        key = (address, tls)
         with self._lock:
-            self._users[address] -= 1
-            if self._users[address] > 0:
+            self._users[key] -= 1
+            if self._users[key] > 0:
                 return
-            del self._users[address]
-            self._idle[address] = None
+            del self._users[key]
+            self._idle[key] = None
             while len(self._idle) > self._max_idle:
                 oldest, _ = self._idle.popitem(last=False)
                 self._channels.pop(oldest).close()
 
     @contextlib.contextmanager
-    def holding(self, address: str) -> Iterator[grpc.Channel]:
-        channel = self.acquire(address)
+    def holding(self, address: str, tls: Optional[TlsFiles] = None) -> Iterator[grpc.Channel]:
+        channel = self.acquire(address, tls)
         try:
             yield channel
         finally:
-            self.release(address)
+            self.release(address, tls)
 
 
 # The process's shared channels.

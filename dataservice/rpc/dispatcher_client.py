@@ -15,9 +15,11 @@ import json
 from typing import Callable, List, Optional, Sequence
 
 import grpc
+import tensorflow as tf
 
 from dataservice.rpc import auth, errors, retrying
 from dataservice.rpc.channels import make_channel, shared_channels
+from dataservice.rpc.tls import TlsFiles, diagnose
 from dataservice.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 
 # Each try of a call waits at most this long for an answer (the call as a whole: its timeout).
@@ -45,12 +47,22 @@ class DispatcherClient:
     the channel back.
     """
 
-    def __init__(self, address: str, timeout_s: float, shared: bool = False, auth_token: Optional[str] = None):
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float,
+        shared: bool = False,
+        auth_token: Optional[str] = None,
+        tls: Optional[TlsFiles] = None,
+    ):
         self.address = address
         self.timeout_s = timeout_s
         self._shared = shared
+        self._tls = tls
         self._channel: Optional[grpc.Channel] = (
-            shared_channels.acquire(address) if shared else make_channel(address, auth_token or auth.client_token())
+            shared_channels.acquire(address, tls)
+            if shared
+            else make_channel(address, auth_token or auth.client_token(), tls)
         )
         self._stub = dispatcher_pb2_grpc.DispatcherServiceStub(self._channel)
 
@@ -64,7 +76,7 @@ class DispatcherClient:
         if self._channel is None:
             return
         if self._shared:
-            shared_channels.release(self.address)
+            shared_channels.release(self.address, self._tls)
         else:
             self._channel.close()
         self._channel = None
@@ -83,14 +95,22 @@ class DispatcherClient:
         timeout_s: Optional[float] = None,
         rpc_timeout_s: Optional[float] = DEFAULT_RPC_TIMEOUT_S,
     ):
-        return retrying.call(
-            method,
-            request,
-            server=self.server,
-            what=what,
-            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
-            rpc_timeout_s=rpc_timeout_s,
-        )
+        try:
+            return retrying.call(
+                method,
+                request,
+                server=self.server,
+                what=what,
+                timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+                rpc_timeout_s=rpc_timeout_s,
+            )
+        except tf.errors.UnavailableError as e:
+            # Why it could not be reached, if a look at its TLS says (plaintext against TLS, an
+            # unknown CA, a missing client certificate...).
+            reason = diagnose(self.address, self._tls)
+            if reason is None:
+                raise
+            raise tf.errors.UnavailableError(None, None, f"{e.message}; the {self.server}: {reason}") from None
 
     # ---- datasets ----------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from typing import Sequence
+from typing import Optional, Sequence
 
 import grpc
 
@@ -21,11 +21,15 @@ SERVER_OPTIONS = [
 ]
 
 
-def bind(server: grpc.Server, port: int) -> int:
-    """Binds all interfaces (IPv6 and IPv4 where the host has both) and returns the bound port."""
+def bind(server: grpc.Server, port: int, credentials: Optional[grpc.ServerCredentials] = None) -> int:
+    """Binds all interfaces (IPv6 and IPv4 where the host has both), over TLS with `credentials`,
+    and returns the bound port."""
     for host in ("[::]", "0.0.0.0"):
         try:
-            bound = server.add_insecure_port(f"{host}:{port}")
+            if credentials is not None:
+                bound = server.add_secure_port(f"{host}:{port}", credentials)
+            else:
+                bound = server.add_insecure_port(f"{host}:{port}")
         except RuntimeError:
             bound = 0
         if bound:

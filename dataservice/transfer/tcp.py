@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import wire
 from dataservice.v1 import worker_pb2
 
@@ -76,17 +78,30 @@ def configure(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def connect(address: str, timeout_s: float) -> socket.socket:
-    """A connection to 'host:port', configured; raises OSError when it cannot be made."""
-    sock = socket.create_connection(split_host_port(address), timeout=timeout_s)
-    sock.settimeout(None)
+def connect(address: str, timeout_s: float, tls: Optional[TlsFiles] = None) -> socket.socket:
+    """A connection to 'host:port', configured, over TLS with `tls` (the server's certificate
+    verified for the host); raises OSError (ssl.SSLError for TLS) when it cannot be made."""
+    host, port = split_host_port(address)
+    sock = socket.create_connection((host, port), timeout=timeout_s)
     configure(sock)
+    if tls is not None:
+        try:
+            sock = tls.client_context().wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+    sock.settimeout(None)
     return sock
 
 
 def send_parts(sock: socket.socket, parts: List[wire.Buffer]) -> None:
-    """Sends the parts in order, from their own memory, however the kernel splits the writes."""
+    """Sends the parts in order, from their own memory, however the kernel splits the writes
+    (over TLS, which has no scatter-gather send, one part at a time)."""
     views = [memoryview(part).cast("B") for part in parts if len(part)]
+    if isinstance(sock, ssl.SSLSocket):
+        for view in views:
+            sock.sendall(view)
+        return
     while views:
         sent = sock.sendmsg(views[:512])  # IOV_MAX is 1024 on Linux
         while sent:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 from typing import Callable, Iterator, Optional, Set
 
@@ -22,6 +23,8 @@ from dataservice.worker import streaming
 log = logging.getLogger(__name__)
 
 MAX_STREAMS = 256
+# How long a client may take over its TLS handshake.
+HANDSHAKE_TIMEOUT_S = 10.0
 
 StreamFn = Callable[
     [worker_pb2.StreamElementsRequest, Iterator[worker_pb2.StreamElementsRequest], Callable[[], bool]],
@@ -51,8 +54,16 @@ def _listen(port: int) -> socket.socket:
 class TcpTransferServer:
     """Serves task streams over TCP with `stream_fn` (streaming.stream_task bound to a worker)."""
 
-    def __init__(self, stream_fn: StreamFn, port: int, auth_token: Optional[str] = None, server: str = "the worker"):
+    def __init__(
+        self,
+        stream_fn: StreamFn,
+        port: int,
+        auth_token: Optional[str] = None,
+        server: str = "the worker",
+        ssl_context: Optional[ssl.SSLContext] = None,
+    ):
         self._stream_fn = stream_fn
+        self._ssl = ssl_context
         self._auth_token = auth_token
         self._server = server
         self._listener = _listen(port)
@@ -99,6 +110,11 @@ class TcpTransferServer:
     def _serve(self, conn: socket.socket) -> None:
         try:
             tcp.configure(conn)
+            if self._ssl is not None:
+                secured = self._handshake(conn)
+                if secured is None:
+                    return
+                conn = secured
             requests = tcp.read_requests(conn)
             request = next(requests, None)
             if request is None:
@@ -118,6 +134,22 @@ class TcpTransferServer:
             with self._lock:
                 self._connections.discard(conn)
             _close(conn)
+
+    def _handshake(self, raw: socket.socket) -> Optional[socket.socket]:
+        """The TLS connection over `raw`, or None if the client's handshake failed (logged) or
+        took longer than HANDSHAKE_TIMEOUT_S."""
+        raw.settimeout(HANDSHAKE_TIMEOUT_S)
+        with self._lock:
+            self._connections.discard(raw)
+        try:
+            conn = self._ssl.wrap_socket(raw, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            log.info("a data transfer client failed the TLS handshake: %s", e)
+            return None
+        conn.settimeout(None)
+        with self._lock:
+            self._connections.add(conn)
+        return conn
 
     @staticmethod
     def _refuse(conn: socket.socket) -> None:

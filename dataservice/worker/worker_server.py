@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from dataservice import config as config_lib
 from dataservice import status
 from dataservice.config import WorkerConfig
 from dataservice.monitoring import metrics
@@ -64,8 +65,11 @@ class WorkerServer:
         token = auth.read_token_file(config.auth_token_file) if config.auth_token_file else None
         if token is not None:
             interceptors.append(auth.ServerAuthInterceptor(token, lambda: f"worker {self.address}"))
+        self._tls = config_lib.server_tls(config)
         self._server = servers.new_server(max_workers=64, interceptors=interceptors)
-        self._port = servers.bind(self._server, config.port)
+        self._port = servers.bind(
+            self._server, config.port, self._tls.server_credentials() if self._tls is not None else None
+        )
         self.address = config.worker_address.replace("%port%", str(self._port))
         self._heartbeat_now = threading.Event()
         # This process's id for the dispatcher: a worker restarted at the same address is a new one.
@@ -87,10 +91,14 @@ class WorkerServer:
                 config.data_transfer_port,
                 auth_token=token,
                 server=f"worker {self.address}",
+                ssl_context=self._tls.server_context() if self._tls is not None else None,
             )
             self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))
         self._dispatcher = DispatcherClient(
-            config.dispatcher_address, config.dispatcher_timeout_ms / 1000, auth_token=token
+            config.dispatcher_address,
+            config.dispatcher_timeout_ms / 1000,
+            auth_token=token,
+            tls=self._tls.as_client() if self._tls is not None else None,
         )
         self._datasets = DatasetCache(self._fetch_dataset_def)
         self._stopped = threading.Event()
@@ -109,7 +117,9 @@ class WorkerServer:
         if self._tcp is not None:
             self._tcp.start()
         if self._registry is not None:
-            self._monitoring = MonitoringServer(self._config.monitoring_port, self._registry, role="worker")
+            self._monitoring = MonitoringServer(
+                self._config.monitoring_port, self._registry, role="worker", health=self._health
+            )
             log.info("worker /metrics on port %d", self._monitoring.port, extra=ids(worker=self.address))
         self._heartbeat(timeout_s=self._config.dispatcher_timeout_ms / 1000)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True)
@@ -138,7 +148,7 @@ class WorkerServer:
 
     @property
     def target(self) -> str:
-        return f"grpc://localhost:{self._port}"
+        return f"{self._config.protocol}://localhost:{self._port}"
 
     @property
     def port(self) -> int:

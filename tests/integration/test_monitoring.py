@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Dict, List, Tuple
 
@@ -53,6 +54,15 @@ def health(port: int, service: str = "") -> str:
         except grpc.RpcError as e:
             return e.code().name
     return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+def http_status(port: int, path: str) -> int:
+    try:
+        return urllib.request.urlopen(f"http://localhost:{port}{path}", timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
 
 
 def free_port() -> int:
@@ -169,7 +179,9 @@ def test_recommendation_rises_when_a_slow_pipeline_starves_a_client_and_falls_wi
 def test_worker_health_turns_serving_once_registered():
     dispatcher_port = free_port()
     worker = dataservice.WorkerServer(
-        dataservice.WorkerConfig(dispatcher_address=f"localhost:{dispatcher_port}", dispatcher_timeout_ms=60_000),
+        dataservice.WorkerConfig(
+            dispatcher_address=f"localhost:{dispatcher_port}", dispatcher_timeout_ms=60_000, monitoring_port=0
+        ),
         start=False,
     )
     starting = threading.Thread(target=worker.start, daemon=True)
@@ -178,13 +190,18 @@ def test_worker_health_turns_serving_once_registered():
         deadline = time.monotonic() + 10
         while health(worker.port, LIVENESS_SERVICE) != "SERVING" and time.monotonic() < deadline:
             time.sleep(0.05)
+        while worker.monitoring_port is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert health(worker.port, LIVENESS_SERVICE) == "SERVING"  # alive ...
         assert health(worker.port) == "NOT_SERVING"  # ... but not ready: no dispatcher yet
+        assert http_status(worker.monitoring_port, "/readyz") == 503
+        assert http_status(worker.monitoring_port, "/healthz") == 200
         assert health(worker.port, "dataservice.v1.WorkerService") == "NOT_SERVING"
         with dataservice.DispatchServer(dataservice.DispatcherConfig(port=dispatcher_port)):
             starting.join(timeout=30)
             assert health(worker.port) == "SERVING"
             assert health(worker.port, "dataservice.v1.WorkerService") == "SERVING"
+            assert http_status(worker.monitoring_port, "/readyz") == 200
             worker.stop()
             assert health(worker.port) in ("NOT_SERVING", "UNAVAILABLE")
     finally:
@@ -197,12 +214,15 @@ def test_dispatcher_is_not_serving_while_it_replays_its_journal(tmp_path):
     for i in range(200_000):
         writer.append(journal_pb2.Update(reserve_ids=journal_pb2.ReserveIdsUpdate(next_task_id=i + 1)))
     writer.close()
-    port = free_port()
-    config = dataservice.DispatcherConfig(port=port, work_dir=str(tmp_path), fault_tolerant_mode=True)
+    port, monitoring_port = free_port(), free_port()
+    config = dataservice.DispatcherConfig(
+        port=port, work_dir=str(tmp_path), fault_tolerant_mode=True, monitoring_port=monitoring_port
+    )
     servers: List[dataservice.DispatchServer] = []
     threading.Thread(target=lambda: servers.append(dataservice.DispatchServer(config)), daemon=True).start()
     seen: List[str] = []
     refused_while_replaying: List[str] = []
+    http_while_replaying: Dict[str, int] = {}
     deadline = time.monotonic() + 60
     with grpc.insecure_channel(f"localhost:{port}") as channel:
         stub = dispatcher_pb2_grpc.DispatcherServiceStub(channel)
@@ -210,6 +230,10 @@ def test_dispatcher_is_not_serving_while_it_replays_its_journal(tmp_path):
             state = health(port)
             if not seen or seen[-1] != state:
                 seen.append(state)
+            if state == "NOT_SERVING" and not http_while_replaying:
+                http_while_replaying.update(
+                    {path: http_status(monitoring_port, path) for path in ("/healthz", "/readyz", "/status.json")}
+                )
             if state == "NOT_SERVING" and not refused_while_replaying:
                 try:
                     stub.GetWorkers(dispatcher_pb2.GetWorkersRequest(), timeout=2)
@@ -219,6 +243,10 @@ def test_dispatcher_is_not_serving_while_it_replays_its_journal(tmp_path):
     try:
         assert "NOT_SERVING" in seen and seen[-1] == "SERVING", seen
         assert seen.index("NOT_SERVING") < seen.index("SERVING")
+        # Over HTTP too (Kubernetes probes of a TLS cluster): alive, not ready (unless the replay
+        # ended between the two checks).
+        assert http_while_replaying["/healthz"] == 200 and http_while_replaying["/status.json"] == 200
+        assert http_status(monitoring_port, "/readyz") == 200 and http_status(monitoring_port, "/healthz") == 200
         if refused_while_replaying:  # the replay may end between the health check and the call
             assert refused_while_replaying[0].startswith("UNAVAILABLE") and "journal" in refused_while_replaying[0]
     finally:
