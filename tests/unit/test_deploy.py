@@ -1,16 +1,21 @@
-"""The example configs and Kubernetes manifests in deploy/ are accepted by data-server."""
+"""The example configs and Kubernetes manifests in deploy/: accepted by data-server, valid for
+Kubernetes (kubernetes-validate --strict), secured (non-root, read-only root filesystem, TLS and
+token from Secrets, a NetworkPolicy), probed and scraped, and autoscaled on a metric the
+dispatcher exports."""
 
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 import yaml
 from conftest import REPO_ROOT
 
 from dataservice import cli
-from dataservice.monitoring.health import LIVENESS_SERVICE
 
 DEPLOY = os.path.join(REPO_ROOT, "deploy")
+MANIFESTS = sorted(glob.glob(os.path.join(DEPLOY, "kubernetes", "*.yaml")))
 
 
 def _config(args):
@@ -23,29 +28,18 @@ def test_example_configs_load(role):
     assert config.port in (5050, 5051)
 
 
-def _container_args():
-    for path in sorted(glob.glob(os.path.join(DEPLOY, "kubernetes", "*.yaml"))):
-        with open(path) as f:
-            for doc in yaml.safe_load_all(f):
-                if doc and doc.get("kind") in ("StatefulSet", "Deployment"):
-                    for container in doc["spec"]["template"]["spec"]["containers"]:
-                        yield os.path.basename(path), container["args"]
-
-
-@pytest.mark.parametrize("name, args", list(_container_args()))
-def test_manifest_args_are_valid_flags(name, args):
-    config = _config([a.replace("$(POD_IP)", "10.0.0.7") for a in args])
-    assert config.port in (5050, 5051)
-
-
-def test_dockerfile_runs_data_server():
-    with open(os.path.join(DEPLOY, "Dockerfile")) as f:
-        text = f.read()
-    assert 'ENTRYPOINT ["data-server"]' in text and "pip install" in text
+def test_manifests_pass_kubernetes_validate_strict():
+    result = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", *MANIFESTS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _documents():
-    for path in sorted(glob.glob(os.path.join(DEPLOY, "kubernetes", "*.yaml"))):
+    for path in MANIFESTS:
         with open(path) as f:
             yield from (doc for doc in yaml.safe_load_all(f) if doc)
 
@@ -57,16 +51,96 @@ def _containers():
                 yield doc, container
 
 
-@pytest.mark.parametrize("doc, container", list(_containers()), ids=lambda v: v.get("name", "") if "name" in v else "")
-def test_probes_use_grpc_health_and_metrics_are_scraped(doc, container):
+CONTAINERS = list(_containers())
+IDS = [container["name"] for _, container in CONTAINERS]
+
+
+@pytest.fixture(scope="module")
+def secret_files(tmp_path_factory):
+    """The Secrets' files as the pods see them, made here: certificates and a token."""
+    from dataservice.bench.certificates import make_certificates
+
+    directory = tmp_path_factory.mktemp("secrets")
+    certs = make_certificates(str(directory))
+    token = directory / "token"
+    token.write_text("token-for-the-test")
+    return {
+        "/etc/dataservice/tls/tls.crt": certs.server_cert_file,
+        "/etc/dataservice/tls/tls.key": certs.server_key_file,
+        "/etc/dataservice/tls/ca.crt": certs.ca_file,
+        "/etc/dataservice/token/token": str(token),
+    }
+
+
+def _args(container, secret_files):
+    args = []
+    for arg in container["args"]:
+        arg = arg.replace("$(POD_IP)", "10.0.0.7").replace("$(POD_NAME)", "dataservice-worker-abc")
+        for mounted, local in secret_files.items():
+            arg = arg.replace(mounted, local)
+        args.append(arg)
+    return args
+
+
+@pytest.mark.parametrize("doc, container", CONTAINERS, ids=IDS)
+def test_manifest_args_are_valid_flags(doc, container, secret_files):
+    config = _config(_args(container, secret_files))
+    assert config.port in (5050, 5051)
+    assert config.protocol == "grpc+tls" and config.auth_token_file and config.monitoring_port == 8080
+
+
+@pytest.mark.parametrize("doc, container", CONTAINERS, ids=IDS)
+def test_pods_run_non_root_read_only_with_secrets_mounted(doc, container):
+    pod = doc["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert set(secrets.values()) == {"dataservice-tls", "dataservice-auth-token"}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    for arg in container["args"]:
+        if arg.startswith(("--tls_", "--auth_token_file")):
+            path = arg.split("=", 1)[1]
+            mount = os.path.dirname(path)
+            assert mounts.get(mount) in secrets, f"{arg} is not under a Secret's mount"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert os.path.dirname(env["DATASERVICE_TLS_CA_FILE"]) in mounts
+
+
+@pytest.mark.parametrize("doc, container", CONTAINERS, ids=IDS)
+def test_probes_and_metrics_on_the_monitoring_port(doc, container, secret_files):
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    config = _config([a.replace("$(POD_IP)", "10.0.0.7") for a in container["args"]])
-    assert container["readinessProbe"]["grpc"] == {"port": config.port}
-    assert container["livenessProbe"]["grpc"] == {"port": config.port, "service": LIVENESS_SERVICE}
+    config = _config(_args(container, secret_files))
     assert ports["monitoring"] == config.monitoring_port
+    # Kubernetes' gRPC probes speak no TLS: the servers answer the same states over HTTP.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "monitoring"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "monitoring"}
     annotations = doc["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert int(annotations["prometheus.io/port"]) == config.monitoring_port
+
+
+def test_network_policy_admits_trainers_to_every_served_port():
+    docs = list(_documents())
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app": "dataservice"}
+    rules = policy["spec"]["ingress"]
+    trainer_rule = next(
+        r for r in rules if {"podSelector": {"matchLabels": {"dataservice-client": "true"}}} in r["from"]
+    )
+    allowed = {p["port"] for p in trainer_rule["ports"]}
+    served = {p["containerPort"] for _, c in CONTAINERS for p in c["ports"] if p["name"] != "monitoring"}
+    assert allowed == served
+    monitoring = {p["port"] for r in rules if r is not trainer_rule for p in r["ports"]}
+    assert monitoring == {8080}
+
+
+def test_dockerfile_runs_data_server_as_non_root():
+    with open(os.path.join(DEPLOY, "Dockerfile")) as f:
+        text = f.read()
+    assert 'ENTRYPOINT ["data-server"]' in text and "pip install" in text
+    assert "USER dataservice" in text
 
 
 def test_autoscaler_scales_the_workers_on_a_metric_the_dispatcher_exports():
