@@ -18,6 +18,7 @@ DEFAULT_WORKER_TIMEOUT_MS = 10_000
 DEFAULT_CLIENT_TIMEOUT_MS = 60_000
 DEFAULT_HEARTBEAT_INTERVAL_MS = 1_000
 DEFAULT_DISPATCHER_TIMEOUT_MS = 600_000
+DEFAULT_MAX_GRAPH_BYTES = 1024 * 1024 * 1024
 
 
 def _check_port(port: int) -> None:
@@ -104,6 +105,8 @@ class DispatcherConfig:
       producing elements (pipeline/policy.py); off by default.
     auth_token_file: a file holding the token every RPC must carry (rpc/auth.py);
       None (the default): no token is required.
+    max_graph_bytes: the largest dataset graph the dispatcher registers (a pipeline
+      that embeds its data, from_tensor_slices of an array, is that large).
     """
 
     port: int = 0
@@ -121,11 +124,14 @@ class DispatcherConfig:
     tls_cert_file: Optional[str] = None
     tls_key_file: Optional[str] = None
     tls_ca_file: Optional[str] = None
+    max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
 
     def __post_init__(self) -> None:
         _check_port(self.port)
         _check_protocol(self.protocol)
         _check_tls(self)
+        if not isinstance(self.max_graph_bytes, int) or not 0 < self.max_graph_bytes < 2**31 - 2**20:
+            raise ValueError(f"max_graph_bytes must be in (0, 2 GiB - 1 MiB), got {self.max_graph_bytes!r}")
         _check_monitoring_port(self.monitoring_port)
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         _check_token_file(self.auth_token_file)

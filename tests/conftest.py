@@ -39,6 +39,7 @@ def pytest_addoption(parser):
         "--chaos-seconds", type=float, default=60.0, help="how long the chaos test kills and restarts servers (CI: 60)"
     )
     parser.addoption("--chaos-seed", type=int, default=None, help="replay a chaos run (its seed is printed)")
+    parser.addoption("--fuzz-rounds", type=int, default=1, help="how many times the fuzz test's inputs (CI: 1)")
 
 
 @pytest.fixture(autouse=True)

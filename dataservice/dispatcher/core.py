@@ -202,6 +202,13 @@ class DispatcherCore:
     def register_dataset(
         self, request: dispatcher_pb2.RegisterDatasetRequest
     ) -> dispatcher_pb2.RegisterDatasetResponse:
+        if len(request.graph_def) > self._config.max_graph_bytes:
+            raise status.ServiceError(
+                status.Code.RESOURCE_EXHAUSTED,
+                f"the dataset graph is {len(request.graph_def):,} bytes, over {self._where()}'s max_graph_bytes "
+                f"({self._config.max_graph_bytes:,}): read large data from files in the pipeline rather than "
+                "embedding it, or raise max_graph_bytes",
+            )
         try:
             graph = graph_lib.parse_graph(request.graph_def)
             element_spec = graph_lib.decode_element_spec(request.metadata.element_spec)

@@ -52,7 +52,13 @@ class DispatchServer:
         if token is not None:
             interceptors.append(auth.ServerAuthInterceptor(token, lambda: f"the dispatcher at {self._address}"))
         self._tls = config_lib.server_tls(self._config)
-        self._server = servers.new_server(max_workers=32, interceptors=interceptors)
+        self._server = servers.new_server(
+            max_workers=32,
+            max_receive_bytes=min(
+                servers.MAX_MESSAGE_BYTES, self._config.max_graph_bytes + servers.REQUEST_OVERHEAD_BYTES
+            ),
+            interceptors=interceptors,
+        )
         self._port = servers.bind(
             self._server, self._config.port, self._tls.server_credentials() if self._tls is not None else None
         )

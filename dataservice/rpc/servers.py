@@ -9,16 +9,20 @@ from typing import Optional, Sequence
 import grpc
 
 from dataservice.rpc.channels import MAX_MESSAGE_BYTES
+from dataservice.rpc.request_validation import RequestValidationInterceptor
 
 log = logging.getLogger(__name__)
 
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.so_reuseport", 0),
 ]
+# What a worker accepts in one message: its requests are small (a task, credits, a round).
+WORKER_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+# The dispatcher's largest request is a dataset graph; the rest of the message is small.
+REQUEST_OVERHEAD_BYTES = 1024 * 1024
 
 
 def bind(server: grpc.Server, port: int, credentials: Optional[grpc.ServerCredentials] = None) -> int:
@@ -37,9 +41,14 @@ def bind(server: grpc.Server, port: int, credentials: Optional[grpc.ServerCreden
     raise RuntimeError(f"could not bind port {port}: it is in use or not permitted")
 
 
-def new_server(max_workers: int, interceptors: Sequence[grpc.ServerInterceptor] = ()) -> grpc.Server:
+def new_server(
+    max_workers: int, max_receive_bytes: int, interceptors: Sequence[grpc.ServerInterceptor] = ()
+) -> grpc.Server:
+    """A server whose requests may be at most `max_receive_bytes` (larger ones are
+    RESOURCE_EXHAUSTED before they reach a handler, gRPC's message naming both sizes)."""
     return grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        options=SERVER_OPTIONS,
-        interceptors=list(interceptors) or None,
+        options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)],
+        # Innermost: decoding happens after metrics and authentication have seen the call.
+        interceptors=[*interceptors, RequestValidationInterceptor()],
     )

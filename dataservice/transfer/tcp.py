@@ -27,6 +27,8 @@ import logging
 import socket
 import ssl
 import struct
+import threading
+import time
 from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -78,6 +80,61 @@ def configure(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
+class TlsStream:
+    """A TLS connection that one thread reads while another writes.
+
+    OpenSSL does not allow one connection to be used by two threads at once, and a stream
+    is read by one thread and written by another (credits one way, elements the other). So
+    every read and write takes a lock; a read waits for data at most POLL_S at a time with
+    the lock held, then lets a waiting writer in. A partial read is kept across polls (the
+    TLS record layer resumes where it stopped)."""
+
+    POLL_S = 0.05
+
+    def __init__(self, sock: ssl.SSLSocket):
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._writers = 0
+        sock.settimeout(self.POLL_S)
+
+    def recv_into(self, view: memoryview) -> int:
+        while True:
+            with self._lock:
+                try:
+                    return self._sock.recv_into(view)
+                except (socket.timeout, ssl.SSLWantReadError):
+                    pass
+            if self._writers:
+                time.sleep(0.0005)  # let the writer take the lock
+
+    def sendall(self, data) -> None:
+        self._writers += 1
+        try:
+            with self._lock:
+                self._sock.settimeout(None)
+                try:
+                    self._sock.sendall(data)
+                finally:
+                    self._sock.settimeout(self.POLL_S)
+        finally:
+            self._writers -= 1
+
+    def shutdown(self, how: int) -> None:
+        self._sock.shutdown(how)  # without the lock: it ends a read blocked in another thread
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def settimeout(self, timeout: Optional[float]) -> None:
+        """Reads poll (see the class); a timeout is not applied."""
+
+    def __enter__(self) -> "TlsStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def connect(address: str, timeout_s: float, tls: Optional[TlsFiles] = None) -> socket.socket:
     """A connection to 'host:port', configured, over TLS with `tls` (the server's certificate
     verified for the host); raises OSError (ssl.SSLError for TLS) when it cannot be made."""
@@ -86,7 +143,7 @@ def connect(address: str, timeout_s: float, tls: Optional[TlsFiles] = None) -> s
     configure(sock)
     if tls is not None:
         try:
-            sock = tls.client_context().wrap_socket(sock, server_hostname=host)
+            return TlsStream(tls.client_context().wrap_socket(sock, server_hostname=host))
         except BaseException:
             sock.close()
             raise
@@ -98,7 +155,7 @@ def send_parts(sock: socket.socket, parts: List[wire.Buffer]) -> None:
     """Sends the parts in order, from their own memory, however the kernel splits the writes
     (over TLS, which has no scatter-gather send, one part at a time)."""
     views = [memoryview(part).cast("B") for part in parts if len(part)]
-    if isinstance(sock, ssl.SSLSocket):
+    if isinstance(sock, TlsStream):
         for view in views:
             sock.sendall(view)
         return
@@ -118,25 +175,42 @@ def send_request(sock: socket.socket, request: worker_pb2.StreamElementsRequest)
     send_parts(sock, [_REQUEST_SIZE.pack(len(data)), data])
 
 
+class BadRequest(ValueError):
+    """A request the worker will not read: over MAX_REQUEST_BYTES (`too_large`), or not a request."""
+
+    def __init__(self, message: str, too_large: bool = False):
+        super().__init__(message)
+        self.too_large = too_large
+
+
 def read_requests(sock: socket.socket) -> Iterator[worker_pb2.StreamElementsRequest]:
-    """The client's requests until it closes the connection (or it breaks)."""
+    """The client's requests until it closes the connection (or it breaks). Raises BadRequest
+    for a size prefix over MAX_REQUEST_BYTES (before reading or allocating anything for it)
+    or bytes that are not a StreamElementsRequest."""
     size_bytes = bytearray(_REQUEST_SIZE.size)
-    try:
-        while True:
+    while True:
+        try:
             _recv_exactly(sock, memoryview(size_bytes))
-            (size,) = _REQUEST_SIZE.unpack(size_bytes)
-            if size > MAX_REQUEST_BYTES:
-                raise ConnectionError(f"a request of {size} bytes is over the limit of {MAX_REQUEST_BYTES}")
-            data = bytearray(size)
+        except OSError as e:
+            log.debug("no more requests: %s", e)
+            return
+        (size,) = _REQUEST_SIZE.unpack(size_bytes)
+        if size > MAX_REQUEST_BYTES:
+            raise BadRequest(
+                f"a request of {size:,} bytes is over the limit of {MAX_REQUEST_BYTES:,} (MAX_REQUEST_BYTES)",
+                too_large=True,
+            )
+        data = bytearray(size)
+        try:
             _recv_exactly(sock, memoryview(data))
-            try:
-                request = worker_pb2.StreamElementsRequest.FromString(bytes(data))
-            except DecodeError:
-                raise ConnectionError("the peer sent something that is not a StreamElementsRequest") from None
-            yield request
-    except OSError as e:
-        log.debug("no more requests: %s", e)
-        return
+        except OSError as e:
+            log.debug("no more requests: %s", e)
+            return
+        try:
+            request = worker_pb2.StreamElementsRequest.FromString(bytes(data))
+        except DecodeError:
+            raise BadRequest("the peer sent something that is not a StreamElementsRequest") from None
+        yield request
 
 
 def recv_response(sock: socket.socket) -> Tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]:

@@ -40,9 +40,37 @@ LINGER_S = 0.02
 # Coordinated reads: how long a GetElement waits for the other consumers before
 # it answers not_ready (the client asks again).
 ROUND_WAIT_S = 2.0
+# Streams one iteration client may have open on one worker at once. A client reads each
+# task with one stream (a retry may overlap the stream it replaces), and has one task per
+# worker and iteration: anything near this is a client gone wrong, or hostile.
+MAX_STREAMS_PER_CLIENT = 16
 
 # A response header and the buffers that follow it.
 Response = Tuple[Message, List[wire.Buffer]]
+
+
+class StreamLimiter:
+    """Counts the open streams of each iteration client, up to MAX_STREAMS_PER_CLIENT."""
+
+    def __init__(self, limit: int = MAX_STREAMS_PER_CLIENT) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._open: Dict[int, int] = {}
+
+    def acquire(self, client_id: int) -> bool:
+        with self._lock:
+            if self._open.get(client_id, 0) >= self.limit:
+                return False
+            self._open[client_id] = self._open.get(client_id, 0) + 1
+            return True
+
+    def release(self, client_id: int) -> None:
+        with self._lock:
+            left = self._open.get(client_id, 0) - 1
+            if left > 0:
+                self._open[client_id] = left
+            else:
+                self._open.pop(client_id, None)
 
 
 class TransferStats:
@@ -80,6 +108,7 @@ class StreamContext:
     tasks: TaskBook
     report_finished: Callable[[int], None]
     transfer: TransferStats = dataclasses.field(default_factory=TransferStats)
+    limiter: StreamLimiter = dataclasses.field(default_factory=StreamLimiter)
 
 
 def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
@@ -114,6 +143,13 @@ def stream_task(
             yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
             return
         raise status.unavailable(unknown_task_message(worker.worker_address, request.task_id))
+    client_id = request.iteration_client_id
+    if not worker.limiter.acquire(client_id):
+        raise status.ServiceError(
+            status.Code.RESOURCE_EXHAUSTED,
+            f"worker {worker.worker_address} serves {worker.limiter.limit} streams to iteration client {client_id} "
+            "already (its limit of concurrent streams per client, MAX_STREAMS_PER_CLIENT): close streams first",
+        )
     credits = _Credits(request.credits)
     threading.Thread(
         target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}", daemon=True
@@ -149,6 +185,7 @@ def stream_task(
                 raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
     finally:
         stats.opened(protocol, -1)
+        worker.limiter.release(client_id)
         credits.close()
 
 
@@ -200,8 +237,8 @@ class _Credits:
                 with self._cond:
                     self._available += max(0, request.credits)
                     self._cond.notify_all()
-        except grpc.RpcError:
-            pass  # the stream was cancelled: the sending side sees it too
+        except (grpc.RpcError, ValueError):
+            pass  # the stream was cancelled, or its requests broke off: the sending side sees it too
         finally:
             self.close()
 

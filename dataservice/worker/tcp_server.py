@@ -116,7 +116,12 @@ class TcpTransferServer:
                     return
                 conn = secured
             requests = tcp.read_requests(conn)
-            request = next(requests, None)
+            try:
+                request = next(requests, None)
+            except tcp.BadRequest as e:
+                code = status.Code.RESOURCE_EXHAUSTED if e.too_large else status.Code.INVALID_ARGUMENT
+                _send_error(conn, code, f"{self._server}: {e}")
+                return
             if request is None:
                 return
             refused = auth.failure(request.auth_token, self._auth_token, self._server)
@@ -142,11 +147,10 @@ class TcpTransferServer:
         with self._lock:
             self._connections.discard(raw)
         try:
-            conn = self._ssl.wrap_socket(raw, server_side=True)
+            conn = tcp.TlsStream(self._ssl.wrap_socket(raw, server_side=True))
         except (ssl.SSLError, OSError) as e:
             log.info("a data transfer client failed the TLS handshake: %s", e)
             return None
-        conn.settimeout(None)
         with self._lock:
             self._connections.add(conn)
         return conn

@@ -66,7 +66,9 @@ class WorkerServer:
         if token is not None:
             interceptors.append(auth.ServerAuthInterceptor(token, lambda: f"worker {self.address}"))
         self._tls = config_lib.server_tls(config)
-        self._server = servers.new_server(max_workers=64, interceptors=interceptors)
+        self._server = servers.new_server(
+            max_workers=64, max_receive_bytes=servers.WORKER_MAX_RECEIVE_BYTES, interceptors=interceptors
+        )
         self._port = servers.bind(
             self._server, config.port, self._tls.server_credentials() if self._tls is not None else None
         )

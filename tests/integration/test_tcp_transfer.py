@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 import grpc
 import numpy as np
@@ -16,6 +17,7 @@ from dataservice.rpc import errors
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import tcp
 from dataservice.v1 import worker_pb2
+from dataservice.worker import streaming
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,23 +85,31 @@ def test_an_unknown_task_is_unavailable_over_tcp(cluster):
 
 
 @pytest.mark.parametrize(
-    "garbage",
+    "garbage, code, wording",
     [
-        struct.pack("<I", 2**31) + b"huge",  # a request size over the limit
-        struct.pack("<I", 4) + b"\xff\xff\xff\xff",  # bytes that are no StreamElementsRequest
-        b"\x01",  # a connection closed mid-request
+        # a request size over the limit: refused before anything is read or allocated for it
+        (struct.pack("<I", 2**31) + b"huge", grpc.StatusCode.RESOURCE_EXHAUSTED, "MAX_REQUEST_BYTES"),
+        (struct.pack("<I", 2**32 - 1), grpc.StatusCode.RESOURCE_EXHAUSTED, "4,294,967,295 bytes"),
+        # bytes that are no StreamElementsRequest
+        (struct.pack("<I", 4) + b"\xff\xff\xff\xff", grpc.StatusCode.INVALID_ARGUMENT, "not a StreamElementsRequest"),
+        (b"\x01", None, None),  # a connection closed mid-request: no answer
     ],
 )
-def test_garbage_on_the_data_port_closes_that_connection_only(cluster, garbage):
+def test_garbage_on_the_data_port_closes_that_connection_only(cluster, garbage, code, wording):
     address = tcp.transfer_address(cluster.workers[0].transfer_address)
     with tcp.connect(address, 10) as sock:
         sock.settimeout(10)
         sock.sendall(garbage)
-        try:
-            sock.shutdown(socket.SHUT_WR)
-            assert sock.recv(1) == b""  # the worker hung up, without an answer
-        except (ConnectionResetError, OSError) as e:
-            assert not isinstance(e, socket.timeout)  # it hung up with the garbage unread
+        sock.shutdown(socket.SHUT_WR)
+        if code is None:
+            try:
+                assert sock.recv(1) == b""  # the worker hung up, without an answer
+            except (ConnectionResetError, OSError) as e:
+                assert not isinstance(e, socket.timeout)  # it hung up with the garbage unread
+        else:
+            response, _ = tcp.recv_response(sock)
+            assert errors.status_code(response.error_code) == code and wording in response.error_message
+            assert sock.recv(1) == b""  # and then hung up
     read = tf.data.Dataset.range(20).apply(service.distribute("parallel_epochs", cluster.target))
     assert list(read.as_numpy_iterator()) == list(range(20))
 
@@ -113,3 +123,41 @@ def test_worker_config_checks_its_transfer_fields():
         service.WorkerConfig(dispatcher_address="localhost:1", data_transfer_port=70000)
     with pytest.raises(ValueError, match="data_transfer_address"):
         service.WorkerConfig(dispatcher_address="localhost:1", data_transfer_address="no-port")
+
+
+def test_streams_per_client_are_bounded(cluster):
+    iterator = iter(tf.data.Dataset.range(10**7).apply(service.distribute("parallel_epochs", cluster.target)))
+    next(iterator)
+    task_id = cluster.workers[0].running_tasks()[0]
+    address = tcp.transfer_address(cluster.workers[0].transfer_address)
+    limit = streaming.MAX_STREAMS_PER_CLIENT
+    open_streams = []
+    try:
+        for _ in range(limit):
+            sock = tcp.connect(address, 10)
+            # No credits: the stream stays open, sending nothing.
+            tcp.send_request(sock, worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=777))
+            open_streams.append(sock)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the worker has taken them all
+            refused = tcp.connect(address, 10)
+            refused.settimeout(10)
+            probe = worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=777, credits=1)
+            tcp.send_request(refused, probe)
+            response, _ = tcp.recv_response(refused)
+            refused.close()
+            if response.error_code:
+                break
+        assert errors.status_code(response.error_code) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"{limit} streams to iteration client 777" in response.error_message
+        # Another client is not affected.
+        other = tcp.connect(address, 10)
+        other.settimeout(10)
+        tcp.send_request(other, worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=778, credits=1))
+        response, _ = tcp.recv_response(other)
+        other.close()
+        assert not response.error_code and response.chunks
+    finally:
+        for sock in open_streams:
+            sock.close()
+    del iterator

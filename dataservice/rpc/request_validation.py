@@ -1,0 +1,75 @@
+"""Requests that are not the message their method takes answer INVALID_ARGUMENT, naming it.
+
+gRPC answers an undecodable request with INTERNAL ("Exception deserializing request!"),
+which reads as the server's fault. This interceptor decodes requests itself, without
+raising, and lets the method's handler run only on what decoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import grpc
+
+
+class _Undecodable:
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _safe(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as e:  # noqa: BLE001 - any decoding failure is the client's request
+            return _Undecodable(e)
+
+    return decode
+
+
+class RequestValidationInterceptor(grpc.ServerInterceptor):
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        message = f"the request to {method} is not a valid message of the type it takes"
+
+        def check(request, context) -> None:
+            if isinstance(request, _Undecodable):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{message} ({request.error})")
+
+        def checked_requests(requests: Iterator, context) -> Iterator:
+            for request in requests:
+                check(request, context)
+                yield request
+
+        deserializer = _safe(handler.request_deserializer)
+        serializer = handler.response_serializer
+        if handler.unary_unary is not None:
+            behavior = handler.unary_unary
+
+            def unary_unary(request, context):
+                check(request, context)
+                return behavior(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(unary_unary, deserializer, serializer)
+        if handler.unary_stream is not None:
+            behavior = handler.unary_stream
+
+            def unary_stream(request, context):
+                check(request, context)
+                yield from behavior(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(unary_stream, deserializer, serializer)
+        if handler.stream_unary is not None:
+            behavior = handler.stream_unary
+            return grpc.stream_unary_rpc_method_handler(
+                lambda requests, context: behavior(checked_requests(requests, context), context),
+                deserializer,
+                serializer,
+            )
+        behavior = handler.stream_stream
+        return grpc.stream_stream_rpc_method_handler(
+            lambda requests, context: behavior(checked_requests(requests, context), context), deserializer, serializer
+        )
