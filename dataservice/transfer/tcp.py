@@ -24,11 +24,11 @@ gRPC (the worker's own address) stays available to every client.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import ssl
 import struct
 import threading
-import time
 from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -85,48 +85,46 @@ class TlsStream:
 
     OpenSSL does not allow one connection to be used by two threads at once, and a stream
     is read by one thread and written by another (credits one way, elements the other). So
-    every read and write takes a lock; a read waits for data at most POLL_S at a time with
-    the lock held, then lets a waiting writer in. A partial read is kept across polls (the
-    TLS record layer resumes where it stopped)."""
+    every read and write holds a lock while it calls into TLS; a reader waiting for data
+    waits outside the lock (select on the socket), so a writer is never held up by it."""
 
-    POLL_S = 0.05
+    POLL_S = 0.5
 
     def __init__(self, sock: ssl.SSLSocket):
         self._sock = sock
         self._lock = threading.Lock()
-        self._writers = 0
-        sock.settimeout(self.POLL_S)
+        sock.setblocking(False)
 
     def recv_into(self, view: memoryview) -> int:
         while True:
             with self._lock:
                 try:
                     return self._sock.recv_into(view)
-                except (socket.timeout, ssl.SSLWantReadError):
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     pass
-            if self._writers:
-                time.sleep(0.0005)  # let the writer take the lock
+            select.select([self._sock], [], [], self.POLL_S)
 
     def sendall(self, data) -> None:
-        self._writers += 1
-        try:
+        view = memoryview(data).cast("B")
+        while view:
             with self._lock:
-                self._sock.settimeout(None)
                 try:
-                    self._sock.sendall(data)
-                finally:
-                    self._sock.settimeout(self.POLL_S)
-        finally:
-            self._writers -= 1
+                    sent = self._sock.send(view)
+                except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    sent = 0
+            if sent:
+                view = view[sent:]
+            else:
+                select.select([], [self._sock], [], self.POLL_S)
 
     def shutdown(self, how: int) -> None:
-        self._sock.shutdown(how)  # without the lock: it ends a read blocked in another thread
+        self._sock.shutdown(how)  # without the lock: it ends a wait in another thread
 
     def close(self) -> None:
         self._sock.close()
 
     def settimeout(self, timeout: Optional[float]) -> None:
-        """Reads poll (see the class); a timeout is not applied."""
+        """Reads and writes wait for the socket (see the class); a timeout is not applied."""
 
     def __enter__(self) -> "TlsStream":
         return self
