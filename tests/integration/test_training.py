@@ -3,6 +3,7 @@ DTensor batches, Keras fit on the bundled digits, the input-impact estimate, the
 examples and the demo."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -185,9 +186,13 @@ def test_examples_train_to_a_useful_accuracy(example, args):
 
 
 def test_demo_trains_through_a_local_cluster_and_saves_plots(tmp_path):
-    out = _run(["-m", "dataservice.demo", "--epochs", "3", "--no-progress", "--output-dir", str(tmp_path)])
+    out = _run(
+        ["-m", "dataservice.demo", "--epochs", "3", "--no-progress", "--output-dir", str(tmp_path), "--linger", "1"]
+    )
     print(out)
     assert out.count("epoch ") >= 3 and "examples/s" in out and "cluster stopped" in out
+    assert re.search(r"status page: http://localhost:\d+/ \(metrics at http://localhost:\d+/metrics\)", out), out
+    assert "the cluster stays up for 1 s" in out
     for name in ("loss.png", "accuracy.png"):
         with open(tmp_path / name, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
