@@ -17,6 +17,8 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
+from dataservice.rpc import handlers
+
 # RPCs range from tens of microseconds (heartbeats) to minutes (element streams).
 RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 120, 600)
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
@@ -43,30 +45,12 @@ class RpcMetricsInterceptor(grpc.ServerInterceptor):
             return None
         service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
         service = service.rpartition(".")[2]
-        observe = self._histogram
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _timed_unary(handler.unary_unary, observe, service, method),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _timed_stream(handler.unary_stream, observe, service, method),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                _timed_unary(handler.stream_unary, observe, service, method),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            _timed_stream(handler.stream_stream, observe, service, method),
-            handler.request_deserializer,
-            handler.response_serializer,
-        )
+        histogram = self._histogram
+
+        def timed(behavior: Callable, client_streaming: bool, server_streaming: bool) -> Callable:
+            return (_timed_stream if server_streaming else _timed_unary)(behavior, histogram, service, method)
+
+        return handlers.rewrap(handler, timed)
 
 
 def _code_name(context: grpc.ServicerContext, failed: bool) -> str:

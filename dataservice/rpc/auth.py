@@ -20,6 +20,8 @@ from typing import Callable, Optional
 
 import grpc
 
+from dataservice.rpc import handlers
+
 TOKEN_ENV = "DATASERVICE_AUTH_TOKEN"
 TOKEN_FILE_ENV = "DATASERVICE_AUTH_TOKEN_FILE"
 METADATA_KEY = "authorization"
@@ -99,13 +101,9 @@ class ServerAuthInterceptor(grpc.ServerInterceptor):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
             yield  # pragma: no cover - abort raises
 
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(refuse)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(refuse)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(refuse_stream)
-        return grpc.stream_stream_rpc_method_handler(refuse_stream)
+        return handlers.rewrap(
+            handler, lambda behavior, _, server_streaming: refuse_stream if server_streaming else refuse
+        )
 
 
 class ClientAuthInterceptor(

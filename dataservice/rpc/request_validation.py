@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
+from dataservice.rpc import handlers
+
 
 class _Undecodable:
     def __init__(self, error: Exception):
@@ -44,32 +46,21 @@ class RequestValidationInterceptor(grpc.ServerInterceptor):
                 check(request, context)
                 yield request
 
-        deserializer = _safe(handler.request_deserializer)
-        serializer = handler.response_serializer
-        if handler.unary_unary is not None:
-            behavior = handler.unary_unary
+        def checked(behavior: Callable, client_streaming: bool, server_streaming: bool) -> Callable:
+            if client_streaming:
+                return lambda requests, context: behavior(checked_requests(requests, context), context)
+            if server_streaming:
+
+                def unary_stream(request, context):
+                    check(request, context)
+                    yield from behavior(request, context)
+
+                return unary_stream
 
             def unary_unary(request, context):
                 check(request, context)
                 return behavior(request, context)
 
-            return grpc.unary_unary_rpc_method_handler(unary_unary, deserializer, serializer)
-        if handler.unary_stream is not None:
-            behavior = handler.unary_stream
+            return unary_unary
 
-            def unary_stream(request, context):
-                check(request, context)
-                yield from behavior(request, context)
-
-            return grpc.unary_stream_rpc_method_handler(unary_stream, deserializer, serializer)
-        if handler.stream_unary is not None:
-            behavior = handler.stream_unary
-            return grpc.stream_unary_rpc_method_handler(
-                lambda requests, context: behavior(checked_requests(requests, context), context),
-                deserializer,
-                serializer,
-            )
-        behavior = handler.stream_stream
-        return grpc.stream_stream_rpc_method_handler(
-            lambda requests, context: behavior(checked_requests(requests, context), context), deserializer, serializer
-        )
+        return handlers.rewrap(handler, checked, request_deserializer=_safe(handler.request_deserializer))

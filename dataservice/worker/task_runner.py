@@ -42,21 +42,23 @@ class ProductionTotals:
         with self._lock:
             if runner in self._running:
                 self._running.discard(runner)
-                totals = self._ended.setdefault(runner.dataset_id, [0, 0, 0.0])
-                totals[0] += runner.elements_produced
-                totals[1] += runner.bytes_produced
-                totals[2] += runner.processing_seconds
+                _add(self._ended, runner)
 
     def by_dataset(self) -> Dict[str, Tuple[int, int, float]]:
         """dataset id -> (elements, bytes, pipeline seconds)."""
         with self._lock:
             result = {d: list(t) for d, t in self._ended.items()}
             for runner in self._running:
-                totals = result.setdefault(runner.dataset_id, [0, 0, 0.0])
-                totals[0] += runner.elements_produced
-                totals[1] += runner.bytes_produced
-                totals[2] += runner.processing_seconds
+                _add(result, runner)
         return {d: (int(t[0]), int(t[1]), float(t[2])) for d, t in result.items()}
+
+
+def _add(by_dataset: Dict[str, List[float]], runner: "TaskRunner") -> None:
+    """Adds the runner's production to its dataset's [elements, bytes, seconds]."""
+    totals = by_dataset.setdefault(runner.dataset_id, [0, 0, 0.0])
+    totals[0] += runner.elements_produced
+    totals[1] += runner.bytes_produced
+    totals[2] += runner.processing_seconds
 
 
 class TaskRunner:
