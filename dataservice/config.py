@@ -62,13 +62,6 @@ def _check_tls(config) -> None:
         raise ValueError("tls_cert_file, tls_key_file and tls_ca_file need protocol='grpc+tls'")
 
 
-def server_tls(config) -> Optional[tls.ServerTls]:
-    """The TLS a server with `config` serves (None: plaintext)."""
-    if config.protocol != tls.TLS:
-        return None
-    return tls.ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
-
-
 # How elements can travel from workers to clients ("grpc": gRPC only; "tcp": TCP, gRPC beside it).
 # None, in a worker's or a client's config, means "tcp".
 DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp")

@@ -18,7 +18,7 @@ from typing import Dict, Iterator, Optional, Tuple
 import grpc
 import tensorflow as tf
 
-from dataservice.client.reading_meter import ReadingMeter
+from dataservice.client.reading_meter import ReadingMeter, component_bytes
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
 from dataservice.rpc.channels import shared_channels
@@ -96,7 +96,7 @@ class CoordinatedReader:
             if response.end_of_sequence:
                 return
             element = self.codec.decode(response.chunk, buffers)
-            self.meter.handed(1, sum(getattr(c, "nbytes", 0) for c in element))
+            self.meter.handed(1, component_bytes(element))
             yield element
 
     def _task_of_round(self, round_index: int) -> Optional[common_pb2.TaskInfo]:

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from dataservice.client.credits import CreditLedger
 from dataservice.client.element_streams import ElementStream, open_stream
-from dataservice.client.reading_meter import ReadingMeter
+from dataservice.client.reading_meter import ReadingMeter, component_bytes
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
 from dataservice.rpc.tls import TlsFiles
@@ -125,7 +125,7 @@ class IterationReader:
                     count += item[1]
             self.credits.consumed((stream.task_id, count) for stream, count, _ in taken)
             chunk = taken[0][2] if len(taken) == 1 else tuple(_concatenate(p) for p in zip(*(i for _, _, i in taken)))
-            meter.handed(count, _nbytes(chunk))
+            meter.handed(count, component_bytes(chunk))
             yield chunk
             # tf.data asks for the next chunk once it has handed out this one's elements: only now
             # has the consumer gone past them.
@@ -232,10 +232,6 @@ class IterationReader:
         """Elements received and not yet taken by the consumer."""
         with self._queue.mutex:
             return sum(item[1] for item in self._queue.queue if item is not _WAKE)
-
-
-def _nbytes(chunk: tuple) -> int:
-    return sum(getattr(component, "nbytes", 0) for component in chunk)
 
 
 def _concatenate(parts: tuple) -> np.ndarray:

@@ -8,7 +8,6 @@ import threading
 import time
 from typing import Any, Dict, Optional, Tuple
 
-from dataservice import config as config_lib
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import journal, status_report
 from dataservice.dispatcher.core import DispatcherCore
@@ -20,7 +19,7 @@ from dataservice.dispatcher.worker_push import GrpcWorkerNotifier
 from dataservice.monitoring import metrics
 from dataservice.monitoring.health import HealthReporter
 from dataservice.monitoring.http_server import MonitoringServer
-from dataservice.rpc import auth, servers
+from dataservice.rpc import servers
 from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -48,10 +47,8 @@ class DispatchServer:
         if self._config.monitoring_port is not None:
             self._registry = metrics.new_registry(metrics.DispatcherCollector(self._status_or_empty))
             interceptors.append(metrics.RpcMetricsInterceptor(self._registry))
-        token = auth.read_token_file(self._config.auth_token_file) if self._config.auth_token_file else None
-        if token is not None:
-            interceptors.append(auth.ServerAuthInterceptor(token, lambda: f"the dispatcher at {self._address}"))
-        self._tls = config_lib.server_tls(self._config)
+        security = servers.ServerSecurity.of(self._config)
+        interceptors.extend(security.interceptors(lambda: f"the dispatcher at {self._address}"))
         self._server = servers.new_server(
             max_workers=32,
             max_receive_bytes=min(
@@ -59,15 +56,11 @@ class DispatchServer:
             ),
             interceptors=interceptors,
         )
-        self._port = servers.bind(
-            self._server, self._config.port, self._tls.server_credentials() if self._tls is not None else None
-        )
+        self._port = servers.bind(self._server, self._config.port, security.credentials())
         self._servicer = DispatcherServicer(address=f"the dispatcher at {self._address}")
         dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._servicer, self._server)
         self._health = HealthReporter(self._server, [SERVICE_NAME])
-        self._notifier = GrpcWorkerNotifier(
-            auth_token=token, tls=self._tls.as_client() if self._tls is not None else None
-        )
+        self._notifier = GrpcWorkerNotifier(auth_token=security.auth_token, tls=security.as_client())
         self._core: Optional[DispatcherCore] = None
         self._journal: Optional[JournalWriter] = None
         self._monitoring: Optional[MonitoringServer] = None

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
-from typing import Optional, Sequence
+import ssl
+from typing import Any, Callable, List, Optional, Sequence
 
 import grpc
 
+from dataservice.rpc import auth, tls
 from dataservice.rpc.channels import MAX_MESSAGE_BYTES
 from dataservice.rpc.request_validation import RequestValidationInterceptor
 
@@ -23,6 +26,39 @@ SERVER_OPTIONS = [
 WORKER_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 # The dispatcher's largest request is a dataset graph; the rest of the message is small.
 REQUEST_OVERHEAD_BYTES = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSecurity:
+    """What a server's config says of TLS and the auth token, in the forms its parts need."""
+
+    tls: Optional[tls.ServerTls] = None
+    auth_token: Optional[str] = None
+
+    @classmethod
+    def of(cls, config: Any) -> "ServerSecurity":
+        """From a DispatcherConfig or WorkerConfig (their protocol, tls_* and auth_token_file)."""
+        server_tls = None
+        if config.protocol == tls.TLS:
+            server_tls = tls.ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
+        token = auth.read_token_file(config.auth_token_file) if config.auth_token_file else None
+        return cls(server_tls, token)
+
+    def interceptors(self, server: Callable[[], str]) -> List[grpc.ServerInterceptor]:
+        """The authentication interceptor, if a token is required; `server` names the server."""
+        return [auth.ServerAuthInterceptor(self.auth_token, server)] if self.auth_token is not None else []
+
+    def credentials(self) -> Optional[grpc.ServerCredentials]:
+        """For bind(): None serves plaintext."""
+        return self.tls.server_credentials() if self.tls is not None else None
+
+    def ssl_context(self) -> Optional[ssl.SSLContext]:
+        """For the TCP data transfer: None serves plaintext."""
+        return self.tls.server_context() if self.tls is not None else None
+
+    def as_client(self) -> Optional[tls.TlsFiles]:
+        """What the server presents and trusts when it calls another server (None: plaintext)."""
+        return self.tls.as_client() if self.tls is not None else None
 
 
 def bind(server: grpc.Server, port: int, credentials: Optional[grpc.ServerCredentials] = None) -> int:

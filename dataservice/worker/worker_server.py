@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from dataservice import config as config_lib
 from dataservice import status
 from dataservice.config import WorkerConfig
 from dataservice.monitoring import metrics
@@ -27,7 +26,7 @@ from dataservice.monitoring.http_server import MonitoringServer
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import policy, sharding, splits
-from dataservice.rpc import auth, servers
+from dataservice.rpc import servers
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, tcp
 from dataservice.transfer.wire import ElementCodec
@@ -62,16 +61,12 @@ class WorkerServer:
         if config.monitoring_port is not None:
             self._registry = metrics.new_registry(metrics.WorkerCollector(self._metrics_data))
             interceptors.append(metrics.RpcMetricsInterceptor(self._registry))
-        token = auth.read_token_file(config.auth_token_file) if config.auth_token_file else None
-        if token is not None:
-            interceptors.append(auth.ServerAuthInterceptor(token, lambda: f"worker {self.address}"))
-        self._tls = config_lib.server_tls(config)
+        security = servers.ServerSecurity.of(config)
+        interceptors.extend(security.interceptors(lambda: f"worker {self.address}"))
         self._server = servers.new_server(
             max_workers=64, max_receive_bytes=servers.WORKER_MAX_RECEIVE_BYTES, interceptors=interceptors
         )
-        self._port = servers.bind(
-            self._server, config.port, self._tls.server_credentials() if self._tls is not None else None
-        )
+        self._port = servers.bind(self._server, config.port, security.credentials())
         self.address = config.worker_address.replace("%port%", str(self._port))
         self._heartbeat_now = threading.Event()
         # This process's id for the dispatcher: a worker restarted at the same address is a new one.
@@ -91,16 +86,16 @@ class WorkerServer:
             self._tcp = TcpTransferServer(
                 functools.partial(streaming.stream_task, streams, protocol=tcp.PROTOCOL),
                 config.data_transfer_port,
-                auth_token=token,
+                auth_token=security.auth_token,
                 server=f"worker {self.address}",
-                ssl_context=self._tls.server_context() if self._tls is not None else None,
+                ssl_context=security.ssl_context(),
             )
             self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))
         self._dispatcher = DispatcherClient(
             config.dispatcher_address,
             config.dispatcher_timeout_ms / 1000,
-            auth_token=token,
-            tls=self._tls.as_client() if self._tls is not None else None,
+            auth_token=security.auth_token,
+            tls=security.as_client(),
         )
         self._datasets = DatasetCache(self._fetch_dataset_def)
         self._stopped = threading.Event()
