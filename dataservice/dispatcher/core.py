@@ -20,13 +20,13 @@ import math
 import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import tensorflow as tf
 
 from dataservice import status
 from dataservice.config import DispatcherConfig
-from dataservice.dispatcher import status_report
+from dataservice.dispatcher import resume, status_report
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
 from dataservice.dispatcher.load import LoadTracker
@@ -60,6 +60,8 @@ RANGE_SHARE_DIVISOR = 8
 MIN_ROUND_WINDOW = 16
 ROUND_WINDOW_S = 4.0
 ROUND_RATE_PERIOD_S = 0.5
+# A restored iterator's tasks go to workers heard from within this many seconds, where there are any.
+RESUME_RECENT_S = 3.0
 _POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 _TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
 
@@ -326,24 +328,29 @@ class DispatcherCore:
             existing = self._named_job(request)  # created meanwhile by another client?
             if existing is not None:
                 return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
-            job_id = self._state.next_id("job")
-            self._commit(
-                create_job=journal_pb2.CreateJobUpdate(
-                    job_id=job_id,
-                    dataset_id=request.dataset_id,
-                    processing_mode=request.processing_mode,
-                    job_name=request.job_name,
-                    num_consumers=request.num_consumers,
-                    target_workers=request.target_workers,
-                    split_group_sizes=split_group_sizes,
-                )
-            )
+            job_id = self._create_job(request, split_group_sizes)
         log.info(
             "job created (%s)",
             status_report.PROCESSING_MODES.get(policy, policy),
             extra=ids(job_id=job_id, job_name=request.job_name, dataset_id=request.dataset_id),
         )
         return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
+
+    def _create_job(self, request: dispatcher_pb2.GetOrCreateJobRequest, split_group_sizes: Sequence[int]) -> int:
+        """Journals the job `request` asks for. Call with self._lock held."""
+        job_id = self._state.next_id("job")
+        self._commit(
+            create_job=journal_pb2.CreateJobUpdate(
+                job_id=job_id,
+                dataset_id=request.dataset_id,
+                processing_mode=request.processing_mode,
+                job_name=request.job_name,
+                num_consumers=request.num_consumers,
+                target_workers=request.target_workers,
+                split_group_sizes=split_group_sizes,
+            )
+        )
+        return job_id
 
     def _check_policy(self, policy: int, dataset_id: str, metadata) -> List[int]:
         """Checks that the dataset can be processed under `policy` (outside the lock:
@@ -427,7 +434,113 @@ class DispatcherCore:
             self._notifier.process_task(task.worker_address, task)
         return dispatcher_pb2.GetOrCreateIterationResponse(iteration_client_id=client_id, iteration_id=iteration_id)
 
-    def _create_task(self, iteration_id: IterationId, worker_address: str) -> common_pb2.TaskDef:
+    def resume_iteration(self, request: dispatcher_pb2.ResumeIterationRequest):
+        """A new iteration continuing the one a restored iterator had saved (see resume.py), and a
+        client of it. The saved tasks name the iteration; the job asked for must be theirs."""
+        job_request = request.job
+        if job_request.num_consumers:
+            raise status.invalid_argument("an iterator with coordinated reads (num_consumers) cannot be resumed")
+        if not request.progress:
+            raise status.invalid_argument("the saved progress names no task")
+        consumed: Dict[int, int] = {}
+        for p in request.progress:
+            if p.elements < 0:
+                raise status.invalid_argument(f"task {p.task_id}: elements must be >= 0, got {p.elements}")
+            consumed[p.task_id] = p.elements
+        new_tasks: List[common_pb2.TaskDef] = []
+        with self._lock:
+            saved_tasks = [self._state.task(t) for t in consumed]
+            unknown = [t for t, task in zip(consumed, saved_tasks) if task is None]
+            if unknown:
+                raise status.not_found(
+                    f"the checkpoint was saved while reading task {unknown[0]}, which {self._where()} does not "
+                    "know: the dispatcher restarted without fault_tolerant_mode or with another work_dir, so the "
+                    "saved input position is lost. Restore the checkpoint without the iterator to start the input "
+                    "anew, or run the dispatcher with fault_tolerant_mode=True and a persistent work_dir"
+                )
+            iteration_ids = sorted({t.iteration_id for t in saved_tasks})
+            if len(iteration_ids) > 1:
+                raise status.invalid_argument(f"the saved tasks belong to several iterations: {iteration_ids}")
+            saved_iteration = self._state.iteration(iteration_ids[0])
+            saved_job = self._state.job_of(saved_iteration)
+            _check_resumable(saved_job, job_request)
+            self._dataset(job_request.dataset_id)  # still registered
+            alive = self._state.alive_workers()
+            # Workers heard from lately first: a worker killed with the trainer (a replaced pod) is
+            # still alive here until worker_timeout_ms, and a task given to it would wait that long.
+            now = self._clock()
+            recent = [w for w in alive if now - self._worker_seen.get(w, -math.inf) <= RESUME_RECENT_S]
+            alive = recent or alive
+            if not alive:
+                raise status.unavailable(
+                    f"no worker is registered with {self._where()}: the restored iterator resumes once one is"
+                )
+            saved = self._state.tasks_of(saved_iteration)
+            planned = resume.plan_tasks(saved_job.sharding_policy, saved, resume.positions(saved, consumed), alive)
+            # A job of its own, anonymous: released with its one client.
+            anonymous = dispatcher_pb2.GetOrCreateJobRequest()
+            anonymous.CopyFrom(job_request)
+            anonymous.job_name = ""
+            job_id = self._create_job(anonymous, saved_job.split_group_sizes)
+            iteration_id = IterationId(self._state.next_id("iteration"))
+            self._commit(
+                create_iteration=journal_pb2.CreateIterationUpdate(
+                    iteration_id=iteration_id,
+                    job_id=job_id,
+                    repetition=saved_iteration.repetition,
+                    resumes_iteration_id=saved_iteration.iteration_id,
+                )
+            )
+            self._copy_splits(saved_iteration, iteration_id)
+            for plan in planned:
+                new_tasks.append(self._create_task(iteration_id, plan.worker_address, plan.skip_elements, plan.replay))
+            client_id = ClientId(self._state.next_id("client"))
+            self._commit(
+                acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                    iteration_client_id=client_id, iteration_id=iteration_id
+                )
+            )
+            self._client_seen[client_id] = self._clock()
+            log.info(
+                "iteration resumed from iteration %d (repetition %d, %d elements consumed)",
+                saved_iteration.iteration_id,
+                saved_iteration.repetition,
+                sum(consumed.values()),
+                extra=ids(job_id=job_id, iteration_id=iteration_id, client_id=client_id),
+            )
+        for task in new_tasks:
+            self._notifier.process_task(task.worker_address, task)
+        return dispatcher_pb2.ResumeIterationResponse(
+            iteration_client_id=client_id,
+            iteration_id=iteration_id,
+            repetition=saved_iteration.repetition,
+            task_ids=[t.task_id for t in new_tasks],
+        )
+
+    def _copy_splits(self, saved_iteration, iteration_id: IterationId) -> None:
+        """Gives a resumed iteration the saved one's split positions and pool: the splits that no
+        saved task received. Call with self._lock held."""
+        for group, (repetition, end) in sorted(saved_iteration.split_positions.items()):
+            self._commit(
+                produce_splits=journal_pb2.ProduceSplitsUpdate(
+                    iteration_id=iteration_id, split_group=group, repetition=repetition, begin=end, end=end
+                )
+            )
+        for (group, repetition), pool in sorted(saved_iteration.returned_splits.items()):
+            for begin, end in pool:
+                self._commit(
+                    return_splits=journal_pb2.ReturnSplitsUpdate(
+                        iteration_id=iteration_id, split_group=group, repetition=repetition, begin=begin, end=end
+                    )
+                )
+
+    def _create_task(
+        self,
+        iteration_id: IterationId,
+        worker_address: str,
+        skip_elements: int = 0,
+        replay: Sequence[journal_pb2.SplitRange] = (),
+    ) -> common_pb2.TaskDef:
         iteration = self._state.iteration(iteration_id)
         task_id = self._state.next_id("task")
         # Coordinated reads: no client may have read this round yet, so every
@@ -439,6 +552,8 @@ class DispatcherCore:
                 iteration_id=iteration_id,
                 worker_address=worker_address,
                 starting_round=iteration.round_limit if coordinated else 0,
+                skip_elements=skip_elements,
+                replay=replay,
             )
         )
         log.info(
@@ -763,7 +878,7 @@ class DispatcherCore:
         if iteration.finished or self._state.task(task_id).finished:
             return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
 
-        def hand_out(begin: int, end: int, from_pool: bool) -> dispatcher_pb2.GetSplitsResponse:
+        def hand_out(begin: int, end: int, from_pool: bool, replayed: bool = False) -> dispatcher_pb2.GetSplitsResponse:
             self._commit(
                 produce_splits=journal_pb2.ProduceSplitsUpdate(
                     iteration_id=iteration.iteration_id,
@@ -774,9 +889,14 @@ class DispatcherCore:
                     task_id=task_id,
                     index=index,
                     from_pool=from_pool,
+                    replayed=replayed,
                 )
             )
             return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
+
+        replay = self._state.task(task_id).replay.get((group, repetition), [])
+        if index < len(replay):
+            return hand_out(*replay[index], from_pool=False, replayed=True)
 
         pool = iteration.returned_splits.get((group, repetition))
         if pool:
@@ -805,6 +925,25 @@ def _check_totals(what: str, **totals: float) -> None:
 def _rebuild(updates: List[journal_pb2.Update]) -> List[journal_pb2.Update]:
     """The updates that rebuild the state `updates` make (a snapshot's content)."""
     return DispatcherState.replay(updates).to_updates()
+
+
+def _check_resumable(saved: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:
+    """A restored iterator must read what the saved one read; the error names every mismatch."""
+    mismatches = []
+    if saved.dataset_id != request.dataset_id:
+        mismatches.append(
+            f"the saved iterator read dataset {saved.dataset_id!r}, this one reads dataset {request.dataset_id!r} "
+            "(the same pipeline definition registers as the same dataset)"
+        )
+    if saved.sharding_policy != request.processing_mode.sharding_policy:
+        mismatches.append(
+            f"the saved iterator read in processing mode {_POLICY_NAMES[saved.sharding_policy]}, this one in "
+            f"{_POLICY_NAMES.get(request.processing_mode.sharding_policy, request.processing_mode.sharding_policy)}"
+        )
+    if mismatches:
+        raise status.failed_precondition(
+            "cannot restore the iterator into a different pipeline: " + "; ".join(mismatches)
+        )
 
 
 def _check_same_job(job: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:

@@ -58,6 +58,10 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         return self._core.get_or_create_iteration(request)
 
     @errors.handler
+    def ResumeIteration(self, request, context):
+        return self._core.resume_iteration(request)
+
+    @errors.handler
     def ClientHeartbeat(self, request, context):
         return self._core.client_heartbeat(request)
 

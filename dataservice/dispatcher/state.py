@@ -81,6 +81,8 @@ class Iteration:
     returned_splits: Dict[Tuple[int, int], List[Tuple[int, int]]] = dataclasses.field(default_factory=dict)
     # Coordinated reads: clients may read the rounds below this.
     round_limit: int = 0
+    # A restored iterator's iteration: the iteration it continues (0: none).
+    resumes_iteration_id: int = 0
     # Counts over task_ids, kept by apply() so that split requests and finishing need no scan:
     # tasks not finished, and tasks finished because their data ran out (not lost).
     unfinished_tasks: int = 0
@@ -97,6 +99,14 @@ class Task:
     lost: bool = False
     # Coordinated reads: the first round it serves.
     starting_round: int = 0
+    # A resumed iteration's task: the pipeline's first elements that its worker skips.
+    skip_elements: int = 0
+    # distributed_epoch, a resumed iteration's task: (group, repetition) -> the ranges it is
+    # handed again, in order, before new ones.
+    replay: Dict[Tuple[int, int], List[Tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    # distributed_epoch: the ranges it received and kept, (group, repetition, index) -> (begin, end);
+    # a restored iterator's new task replays them.
+    received: Dict[Tuple[int, int, int], Tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 class DispatcherState:
@@ -158,12 +168,23 @@ class DispatcherState:
         self._bump("job", u.job_id)
 
     def _apply_create_iteration(self, u: journal_pb2.CreateIterationUpdate) -> None:
-        self._iterations[u.iteration_id] = Iteration(u.iteration_id, u.job_id, u.repetition)
+        self._iterations[u.iteration_id] = Iteration(
+            u.iteration_id, u.job_id, u.repetition, resumes_iteration_id=u.resumes_iteration_id
+        )
         self._jobs[u.job_id].iterations[u.repetition] = u.iteration_id
         self._bump("iteration", u.iteration_id)
 
     def _apply_create_task(self, u: journal_pb2.CreateTaskUpdate) -> None:
-        self._tasks[u.task_id] = Task(u.task_id, u.iteration_id, u.worker_address, starting_round=u.starting_round)
+        task = Task(
+            u.task_id,
+            u.iteration_id,
+            u.worker_address,
+            starting_round=u.starting_round,
+            skip_elements=u.skip_elements,
+        )
+        for r in u.replay:
+            task.replay.setdefault((r.split_group, r.repetition), []).append((r.begin, r.end))
+        self._tasks[u.task_id] = task
         iteration = self._iterations[u.iteration_id]
         iteration.task_ids.append(u.task_id)
         iteration.unfinished_tasks += 1
@@ -193,7 +214,9 @@ class DispatcherState:
 
     def _apply_produce_splits(self, u: journal_pb2.ProduceSplitsUpdate) -> None:
         iteration = self._iterations[u.iteration_id]
-        if u.from_pool:
+        if u.replayed:
+            pass
+        elif u.from_pool:
             pool = iteration.returned_splits[(u.split_group, u.repetition)]
             pool.remove((u.begin, u.end))
             if not pool:
@@ -203,6 +226,7 @@ class DispatcherState:
         if u.task_id:
             key = (u.task_id, u.split_group, u.repetition, u.index)
             iteration.outstanding_splits[key] = (u.begin, u.end)
+            self._tasks[u.task_id].received[key[1:]] = (u.begin, u.end)
 
     def _apply_start_splits(self, u: journal_pb2.StartSplitsUpdate) -> None:
         key = (u.task_id, u.split_group, u.repetition, u.index)
@@ -222,11 +246,17 @@ class DispatcherState:
             elif not task.lost:
                 iteration.completed_tasks -= 1
             task.finished = task.lost = True
+            replaying = bool(task.skip_elements or task.replay)
             for key in sorted(k for k in iteration.outstanding_splits if k[0] == task_id):
                 _, group, repetition, _ = key
-                iteration.returned_splits.setdefault((group, repetition), []).append(
-                    iteration.outstanding_splits.pop(key)
-                )
+                split_range = iteration.outstanding_splits.pop(key)
+                if replaying:
+                    # Its consumer may have taken elements of any of its ranges before the checkpoint
+                    # it resumes (the elements it skips): none goes to another task, they stay its
+                    # input, which a later resume replays.
+                    continue
+                task.received.pop(key[1:], None)
+                iteration.returned_splits.setdefault((group, repetition), []).append(split_range)
             self._finish_if_done(iteration)
 
     def _finish_if_done(self, iteration: Iteration) -> None:
@@ -287,7 +317,10 @@ class DispatcherState:
             out.append(
                 U(
                     create_iteration=journal_pb2.CreateIterationUpdate(
-                        iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition
+                        iteration_id=it.iteration_id,
+                        job_id=it.job_id,
+                        repetition=it.repetition,
+                        resumes_iteration_id=it.resumes_iteration_id,
                     )
                 )
             )
@@ -316,9 +349,29 @@ class DispatcherState:
                         iteration_id=t.iteration_id,
                         worker_address=t.worker_address,
                         starting_round=t.starting_round,
+                        skip_elements=t.skip_elements,
+                        replay=[
+                            journal_pb2.SplitRange(split_group=g, repetition=r, begin=b, end=e)
+                            for (g, r), ranges in sorted(t.replay.items())
+                            for b, e in ranges
+                        ],
                     )
                 )
             )
+            # The ranges it received and started (outstanding ones follow, through the pool).
+            outstanding = self._iterations[t.iteration_id].outstanding_splits
+            for (group, repetition, index), (begin, end) in sorted(t.received.items()):
+                if (t.task_id, group, repetition, index) in outstanding:
+                    continue
+                where = dict(iteration_id=t.iteration_id, split_group=group, repetition=repetition, index=index)
+                out.append(
+                    U(
+                        produce_splits=journal_pb2.ProduceSplitsUpdate(
+                            **where, begin=begin, end=end, task_id=t.task_id, replayed=True
+                        )
+                    )
+                )
+                out.append(U(start_splits=journal_pb2.StartSplitsUpdate(**where, task_id=t.task_id)))
         for it in iterations:
             # Outstanding ranges pass through the pool (return, then hand out from it);
             # the pool's own ranges follow, in order.
@@ -488,7 +541,12 @@ class DispatcherState:
             num_workers=len(worker_addresses) if static else 0,
             num_consumers=job.num_consumers,
             starting_round=task.starting_round,
+            skip_elements=task.skip_elements,
+            repetition=iteration.repetition,
         )
+
+    def tasks_of(self, iteration: Iteration) -> List[Task]:
+        return [self._tasks[t] for t in iteration.task_ids]
 
     def split_position(self, iteration: Iteration, group: int) -> Tuple[int, int]:
         """distributed_epoch: (repetition, next split index) that the group hands out next."""
@@ -600,6 +658,11 @@ class DispatcherState:
                 check(
                     task is not None and task.iteration_id == iteration.iteration_id and begin <= end,
                     f"iteration {iteration.iteration_id}: range {key} -> {(begin, end)} is not of one of its tasks",
+                )
+                check(
+                    task.received.get(key[1:]) == (begin, end),
+                    f"iteration {iteration.iteration_id}: range {key} is outstanding but not among those its task "
+                    "received",
                 )
             for key, pool in iteration.returned_splits.items():
                 check(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import grpc
 import tensorflow as tf
@@ -160,6 +160,16 @@ class DispatcherClient:
     def get_or_create_iteration(self, job_id: int, repetition: int) -> dispatcher_pb2.GetOrCreateIterationResponse:
         request = dispatcher_pb2.GetOrCreateIterationRequest(job_id=job_id, repetition=repetition)
         return self._call(self._stub.GetOrCreateIteration, request, "creating an iteration")
+
+    def resume_iteration(
+        self, job: dispatcher_pb2.GetOrCreateJobRequest, progress: Sequence[Tuple[int, int]]
+    ) -> dispatcher_pb2.ResumeIterationResponse:
+        """A new iteration continuing where a saved iterator stood: `progress` is (task id, elements
+        its consumer had taken from the task's stream) per task."""
+        request = dispatcher_pb2.ResumeIterationRequest(
+            job=job, progress=[dispatcher_pb2.TaskProgress(task_id=t, elements=n) for t, n in progress]
+        )
+        return self._call(self._stub.ResumeIteration, request, "resuming a restored iterator")
 
     def client_heartbeat(
         self,

@@ -57,7 +57,7 @@ class DatasetMetadata(_message.Message):
     def __init__(self, element_spec: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., cardinality: _Optional[int] = ...) -> None: ...
 
 class TaskDef(_message.Message):
-    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers", "num_consumers", "starting_round")
+    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers", "num_consumers", "starting_round", "skip_elements", "repetition")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,8 @@ class TaskDef(_message.Message):
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     NUM_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     STARTING_ROUND_FIELD_NUMBER: _ClassVar[int]
+    SKIP_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_id: int
     job_id: int
@@ -78,7 +80,9 @@ class TaskDef(_message.Message):
     num_workers: int
     num_consumers: int
     starting_round: int
-    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_consumers: _Optional[int] = ..., starting_round: _Optional[int] = ...) -> None: ...
+    skip_elements: int
+    repetition: int
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_consumers: _Optional[int] = ..., starting_round: _Optional[int] = ..., skip_elements: _Optional[int] = ..., repetition: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("task_id", "worker_address", "transfer_address", "finished", "starting_round", "lost")

@@ -85,6 +85,34 @@ class GetOrCreateIterationResponse(_message.Message):
     iteration_id: int
     def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ...) -> None: ...
 
+class TaskProgress(_message.Message):
+    __slots__ = ("task_id", "elements")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    elements: int
+    def __init__(self, task_id: _Optional[int] = ..., elements: _Optional[int] = ...) -> None: ...
+
+class ResumeIterationRequest(_message.Message):
+    __slots__ = ("job", "progress")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    job: GetOrCreateJobRequest
+    progress: _containers.RepeatedCompositeFieldContainer[TaskProgress]
+    def __init__(self, job: _Optional[_Union[GetOrCreateJobRequest, _Mapping]] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
+
+class ResumeIterationResponse(_message.Message):
+    __slots__ = ("iteration_client_id", "iteration_id", "repetition", "task_ids")
+    ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    iteration_client_id: int
+    iteration_id: int
+    repetition: int
+    task_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., repetition: _Optional[int] = ..., task_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ClientHeartbeatRequest(_message.Message):
     __slots__ = ("iteration_client_id", "current_round", "consumed_tasks", "elements_received", "bytes_received", "wait_seconds", "consume_seconds")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]

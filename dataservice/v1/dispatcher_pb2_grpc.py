@@ -59,6 +59,11 @@ class DispatcherServiceStub:
                 request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetOrCreateIterationRequest.SerializeToString,
                 response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetOrCreateIterationResponse.FromString,
                 _registered_method=True)
+        self.ResumeIteration = channel.unary_unary(
+                '/dataservice.v1.DispatcherService/ResumeIteration',
+                request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.ResumeIterationRequest.SerializeToString,
+                response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.ResumeIterationResponse.FromString,
+                _registered_method=True)
         self.ClientHeartbeat = channel.unary_unary(
                 '/dataservice.v1.DispatcherService/ClientHeartbeat',
                 request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.ClientHeartbeatRequest.SerializeToString,
@@ -131,6 +136,13 @@ class DispatcherServiceServicer:
 
     def GetOrCreateIteration(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeIteration(self, request, context):
+        """A restored iterator: a new iteration that continues where a saved one stood.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -213,6 +225,11 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.GetOrCreateIteration,
                     request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetOrCreateIterationRequest.FromString,
                     response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetOrCreateIterationResponse.SerializeToString,
+            ),
+            'ResumeIteration': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeIteration,
+                    request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.ResumeIterationRequest.FromString,
+                    response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.ResumeIterationResponse.SerializeToString,
             ),
             'ClientHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.ClientHeartbeat,
@@ -390,6 +407,33 @@ class DispatcherService:
             '/dataservice.v1.DispatcherService/GetOrCreateIteration',
             dataservice_dot_v1_dot_dispatcher__pb2.GetOrCreateIterationRequest.SerializeToString,
             dataservice_dot_v1_dot_dispatcher__pb2.GetOrCreateIterationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeIteration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.v1.DispatcherService/ResumeIteration',
+            dataservice_dot_v1_dot_dispatcher__pb2.ResumeIterationRequest.SerializeToString,
+            dataservice_dot_v1_dot_dispatcher__pb2.ResumeIterationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -80,26 +80,44 @@ class CreateJobUpdate(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ..., split_group_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateIterationUpdate(_message.Message):
-    __slots__ = ("iteration_id", "job_id", "repetition")
+    __slots__ = ("iteration_id", "job_id", "repetition", "resumes_iteration_id")
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
+    RESUMES_ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     iteration_id: int
     job_id: int
     repetition: int
-    def __init__(self, iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., repetition: _Optional[int] = ...) -> None: ...
+    resumes_iteration_id: int
+    def __init__(self, iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., repetition: _Optional[int] = ..., resumes_iteration_id: _Optional[int] = ...) -> None: ...
+
+class SplitRange(_message.Message):
+    __slots__ = ("split_group", "repetition", "begin", "end")
+    SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    split_group: int
+    repetition: int
+    begin: int
+    end: int
+    def __init__(self, split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class CreateTaskUpdate(_message.Message):
-    __slots__ = ("task_id", "iteration_id", "worker_address", "starting_round")
+    __slots__ = ("task_id", "iteration_id", "worker_address", "starting_round", "skip_elements", "replay")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STARTING_ROUND_FIELD_NUMBER: _ClassVar[int]
+    SKIP_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_id: int
     worker_address: str
     starting_round: int
-    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., starting_round: _Optional[int] = ...) -> None: ...
+    skip_elements: int
+    replay: _containers.RepeatedCompositeFieldContainer[SplitRange]
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., starting_round: _Optional[int] = ..., skip_elements: _Optional[int] = ..., replay: _Optional[_Iterable[_Union[SplitRange, _Mapping]]] = ...) -> None: ...
 
 class FinishTaskUpdate(_message.Message):
     __slots__ = ("task_id",)
@@ -128,7 +146,7 @@ class FinishIterationUpdate(_message.Message):
     def __init__(self, iteration_id: _Optional[int] = ...) -> None: ...
 
 class ProduceSplitsUpdate(_message.Message):
-    __slots__ = ("iteration_id", "split_group", "repetition", "begin", "end", "task_id", "index", "from_pool")
+    __slots__ = ("iteration_id", "split_group", "repetition", "begin", "end", "task_id", "index", "from_pool", "replayed")
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +155,7 @@ class ProduceSplitsUpdate(_message.Message):
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FROM_POOL_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     iteration_id: int
     split_group: int
     repetition: int
@@ -145,7 +164,8 @@ class ProduceSplitsUpdate(_message.Message):
     task_id: int
     index: int
     from_pool: bool
-    def __init__(self, iteration_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ..., task_id: _Optional[int] = ..., index: _Optional[int] = ..., from_pool: _Optional[bool] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, iteration_id: _Optional[int] = ..., split_group: _Optional[int] = ..., repetition: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ..., task_id: _Optional[int] = ..., index: _Optional[int] = ..., from_pool: _Optional[bool] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class StartSplitsUpdate(_message.Message):
     __slots__ = ("iteration_id", "task_id", "split_group", "repetition", "index")

@@ -1,0 +1,89 @@
+"""Resuming a restored iterator: the tasks of a new iteration that continues a saved one.
+
+A checkpoint of a service iterator holds, per task of its iteration, how many
+of the task's elements the consumer had gone past. Pipelines that are
+deterministic given their input produce the same elements again from the
+same input, so the new iteration re-runs each saved task's input and its
+worker skips what the consumer had taken:
+
+- distributed_epoch: a new task replays, in order, the split ranges the saved
+  task had received (and, if that task was itself replaying, the ranges it had
+  still to replay), then asks for new ranges; the new iteration starts with
+  the saved one's split positions and pool, so every range of the epoch is
+  either replayed by one task or handed out once, as before.
+- parallel_epochs: every task runs the whole dataset; a new task continues
+  one saved task's stream, on the same worker where it is still alive.
+- static sharding: a task's shard is its worker's, so it continues there.
+
+Workers that get no replaying task get a fresh one, as when a worker joins.
+Pure functions of the state; the core commits what they plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterable, List, Mapping, Sequence
+
+from dataservice.dispatcher.state import Task, TaskId
+from dataservice.v1 import common_pb2, journal_pb2
+
+
+@dataclasses.dataclass
+class PlannedTask:
+    worker_address: str
+    skip_elements: int = 0
+    replay: List[journal_pb2.SplitRange] = dataclasses.field(default_factory=list)
+
+
+def positions(tasks: Iterable[Task], consumed: Mapping[int, int]) -> Dict[TaskId, int]:
+    """Per task, how far into its pipeline's elements the consumer had gone: the elements the task
+    skipped itself (a resumed task) plus those the consumer took from its stream."""
+    return {t.task_id: t.skip_elements + consumed.get(t.task_id, 0) for t in tasks}
+
+
+def ranges_to_replay(task: Task) -> List[journal_pb2.SplitRange]:
+    """The ranges `task` received, in order per (group, repetition), followed by those it had
+    still to replay: the input of its element stream."""
+    out: List[journal_pb2.SplitRange] = []
+    keys = sorted({key[:2] for key in task.received} | set(task.replay))
+    for group, repetition in keys:
+        received = sorted((i, r) for (g, rep, i), r in task.received.items() if (g, rep) == (group, repetition))
+        ranges = [r for _, r in received]
+        ranges += task.replay.get((group, repetition), [])[len(ranges) :]
+        out.extend(journal_pb2.SplitRange(split_group=group, repetition=repetition, begin=b, end=e) for b, e in ranges)
+    return out
+
+
+def plan_tasks(
+    sharding_policy: int,
+    saved_tasks: Sequence[Task],
+    saved_positions: Mapping[int, int],
+    alive_workers: Sequence[str],
+) -> List[PlannedTask]:
+    """The tasks of the resumed iteration. Lost saved tasks are replayed too: what their stream
+    delivered before the loss is skipped, what it had not delivered comes now."""
+    workers = sorted(alive_workers)
+    planned: List[PlannedTask] = []
+    if sharding_policy == common_pb2.SHARDING_POLICY_DYNAMIC:
+        replaying = [t for t in saved_tasks if t.received or t.replay or saved_positions[t.task_id]]
+        for i, task in enumerate(replaying):
+            planned.append(
+                PlannedTask(workers[i % len(workers)], saved_positions[task.task_id], ranges_to_replay(task))
+            )
+    elif sharding_policy == common_pb2.SHARDING_POLICY_OFF:
+        free = list(workers)
+        # Where a saved task's worker is still alive, its stream continues there.
+        ordered = sorted(saved_tasks, key=lambda t: (t.worker_address not in free, t.task_id))
+        for task in ordered:
+            if not free:
+                break  # fewer workers than before: the extra streams end, as when a worker is lost
+            address = task.worker_address if task.worker_address in free else free[0]
+            free.remove(address)
+            planned.append(PlannedTask(address, saved_positions[task.task_id]))
+    else:
+        # Static sharding: the shard belongs to the worker address; its task waits for it there.
+        for task in saved_tasks:
+            planned.append(PlannedTask(task.worker_address, saved_positions[task.task_id]))
+    covered = {p.worker_address for p in planned}
+    planned.extend(PlannedTask(w) for w in workers if w not in covered)
+    return planned
