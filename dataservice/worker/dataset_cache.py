@@ -5,8 +5,11 @@ graph, and at the first iterator TensorFlow's static optimizations of the
 pipeline (measured on a 2-core machine: 15-25 ms for the first iterator of a
 dataset object, 8-12 ms for later ones). So a worker keeps the datasets it
 has built: parallel_epochs tasks iterate the same dataset object again, as a
-local training loop iterates one dataset every epoch (per-iteration
-reshuffling and `cache()` behave as they do locally). And when the dispatcher
+local training loop iterates one dataset every epoch (`cache()` behaves as
+it does locally). A pipeline with a seeded shuffle is the exception: each
+task gets a copy of its own whose seeds derive from the task's repetition
+(pipeline/seeds.py), so that epochs reshuffle as they do locally and a task
+that replays another shuffles the same way. And when the dispatcher
 announces that a client is about to read a dataset whole (parallel_epochs),
 the worker builds the dataset, makes its first iterator and computes its
 first element at once, in the background, so that the first task of the
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import logging
 import threading
 import time
@@ -26,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from dataservice.pipeline import graph as graph_lib
+from dataservice.pipeline import seeds
 from dataservice.transfer.wire import ElementCodec
 from dataservice.worker.element_iterator import ComponentIterator
 
@@ -47,6 +52,17 @@ class _Entry:
         self.element_spec = element_spec
         self.codec = ElementCodec(element_spec)
         self.whole: Optional[tf.data.Dataset] = None
+        # A seeded shuffle or random source: each task builds its own copy (pipeline/seeds.py).
+        self.seeded = seeds.has_seed_generators(graph_lib.parse_graph(graph_def))
+
+
+# Names each task's seed generators apart from every other copy's in this process.
+_instances = itertools.count()
+
+
+def task_graph(graph_def: bytes, repetition: int) -> bytes:
+    """The graph for one task of repetition `repetition`: its seed generators its own."""
+    return seeds.reseed(graph_def, f"copy{next(_instances)}", repetition)
 
 
 class DatasetCache:
@@ -102,9 +118,20 @@ class DatasetCache:
                 whole = entry.whole = entry.whole or whole
         return whole
 
-    def whole_iterator(self, dataset_id: str) -> ComponentIterator:
-        """A fresh iterator of the whole pipeline: the prepared one if there is one
+    def task_dataset(self, dataset_id: str, repetition: int) -> tf.data.Dataset:
+        """The whole pipeline for a task of repetition `repetition`: the shared dataset object,
+        or, where the pipeline has seed generators, a copy of its own."""
+        entry = self._entry(dataset_id)
+        if not entry.seeded:
+            return self.whole_dataset(dataset_id)
+        return graph_lib.dataset_from_graph(task_graph(entry.graph_def, repetition), entry.element_spec)
+
+    def whole_iterator(self, dataset_id: str, repetition: int = 0) -> ComponentIterator:
+        """A fresh iterator of the whole pipeline: the prepared one if there is one and it fits
         (waiting for a preparation under way rather than doing the same work beside it)."""
+        if repetition and self._entry(dataset_id).seeded:
+            # Prepared iterators shuffle as repetition 0 does.
+            return ComponentIterator(self.task_dataset(dataset_id, repetition), self.codec(dataset_id))
         with self._lock:
             preparing = self._preparing.get(dataset_id)
         if preparing is not None:
@@ -113,7 +140,7 @@ class DatasetCache:
             prepared = self._prepared.pop(dataset_id, None)
         if prepared is not None:
             return prepared[1]
-        return ComponentIterator(self.whole_dataset(dataset_id), self.codec(dataset_id))
+        return ComponentIterator(self.task_dataset(dataset_id, repetition), self.codec(dataset_id))
 
     # ---- preparing ahead of tasks -----------------------------------------
 
@@ -130,7 +157,7 @@ class DatasetCache:
     def _prepare(self, dataset_id: str) -> None:
         iterator: Optional[ComponentIterator] = None
         try:
-            iterator = ComponentIterator(self.whole_dataset(dataset_id), self.codec(dataset_id))
+            iterator = ComponentIterator(self.task_dataset(dataset_id, 0), self.codec(dataset_id))
             iterator.peek()
         except Exception as e:  # noqa: BLE001 - a task of this dataset will report it
             log.info("could not prepare dataset %s ahead of its tasks: %s", dataset_id, e)

@@ -31,7 +31,7 @@ from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, tcp
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.worker import streaming
+from dataservice.worker import dataset_cache, streaming
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
 from dataservice.worker.element_iterator import ComponentIterator
 from dataservice.worker.grpc_servicer import WorkerServicer
@@ -288,20 +288,30 @@ class WorkerServer:
         splits (distributed_epoch), or this worker's static shard."""
         policy = task.processing_mode.sharding_policy
         codec = self._datasets.codec(task.dataset_id)
+        keepalive = None
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
             graph_def, element_spec = self._datasets.definition(task.dataset_id)
             sources = splits.find_sources(graph_lib.parse_graph(graph_def))
+            graph_def = dataset_cache.task_graph(graph_def, task.repetition)
             fetcher = SplitFetcher(self._dispatcher, task.iteration_id, task.task_id, sources)
             dataset, keepalive = splits.rebuild_with_splits(graph_def, element_spec, sources, fetcher.ranges)
-            # The rebuilt graph's function must outlive the dataset's iterator.
-            dataset._dataservice_keepalive = keepalive  # pylint: disable=protected-access
-            return ComponentIterator(dataset, codec)
-        if policy in sharding.STATIC_POLICIES:
+        elif policy in sharding.STATIC_POLICIES:
             dataset = sharding.shard(
-                self._datasets.whole_dataset(task.dataset_id), policy, task.num_workers, task.worker_index
+                self._datasets.task_dataset(task.dataset_id, task.repetition),
+                policy,
+                task.num_workers,
+                task.worker_index,
             )
-            return ComponentIterator(dataset, codec)
-        return self._datasets.whole_iterator(task.dataset_id)
+        elif not task.skip_elements:
+            return self._datasets.whole_iterator(task.dataset_id, task.repetition)
+        else:
+            dataset = self._datasets.task_dataset(task.dataset_id, task.repetition)
+        if task.skip_elements:
+            # A restored iterator's task: its consumer had taken these before the checkpoint.
+            dataset = dataset.skip(task.skip_elements)
+        # A rebuilt graph's function must outlive the dataset's iterator.
+        dataset._dataservice_keepalive = keepalive  # pylint: disable=protected-access
+        return ComponentIterator(dataset, codec)
 
     def _delete_task(self, task_id: int) -> None:
         runner = self._tasks.remove(task_id)
