@@ -7,6 +7,7 @@ from dataservice.client.api import distribute, from_dataset_id, register_dataset
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher.dispatch_server import DispatchServer
 from dataservice.modes import ShardingPolicy
+from dataservice.training.distributed_iterator import DistributedIterator, distributed_iterator
 from dataservice.training.dtensor_input import dtensor_batches, pack_batch
 from dataservice.training.input_contexts import input_context_options
 from dataservice.training.input_impact import InputImpact, estimate_input_impact
@@ -14,12 +15,14 @@ from dataservice.worker.worker_server import WorkerServer
 
 __all__ = [
     "DispatchServer",
+    "DistributedIterator",
     "InputImpact",
     "DispatcherConfig",
     "ShardingPolicy",
     "WorkerConfig",
     "WorkerServer",
     "distribute",
+    "distributed_iterator",
     "dtensor_batches",
     "estimate_input_impact",
     "from_dataset_id",

@@ -17,6 +17,7 @@ import tensorflow as tf
 from dataservice import modes, tf_internal
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.reader import IterationReader
+from dataservice.client.saveable_stream import SaveableStream
 from dataservice.client.session import JobSpec
 from dataservice.config import DEFAULT_CLIENT_TIMEOUT_MS
 from dataservice.pipeline import graph as graph_lib
@@ -190,45 +191,73 @@ def _service_dataset(
     merge_up_to = 0
     if stacked:
         merge_up_to = min(MERGE_UP_TO, MERGE_BYTES // codec.element_bytes) if codec.element_bytes else MERGE_UP_TO
-    # Composite components (ragged, sparse) are rebuilt inside tf.data; plain tensors are
-    # yielded in the element's own structure.
     composite = not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(element_spec))
-    # Each pass over the dataset is the next repetition: a new iteration of a named job.
-    repetitions = itertools.count()
 
-    def structure(components: tuple) -> Any:
-        return components if composite else tf.nest.pack_sequence_as(element_spec, list(components))
-
-    def generate():
+    def before_first() -> None:
         if codec.element_bytes >= PER_ELEMENT_BYTES:
             allocator.keep_freed_memory_in_client()
-        if options.num_consumers is not None:
-            reader = CoordinatedReader(
+
+    if options.num_consumers is None:
+        # Uncoordinated reads: an iterator that tf.train.Checkpoint can save (saveable_stream.py).
+        def open_reader(repetition: int, resume_from) -> IterationReader:
+            return IterationReader(
                 target.address,
                 job,
-                next(repetitions),
-                codec,
-                options.consumer_index,
-                options.timeout_s,
-                compression,
-                tls=target.tls,
-            )
-            chunks = iter(reader)
-        else:
-            reader = IterationReader(
-                target.address,
-                job,
-                next(repetitions),
+                repetition,
                 codec,
                 budget,
                 options.timeout_s,
                 compression,
                 options.data_transfer_protocol,
                 tls=target.tls,
+                resume_from=resume_from,
             )
-            chunks = reader.chunks(merge_up_to)
+
+        def pack(components: tuple) -> Any:
+            return tf.nest.pack_sequence_as(element_spec, list(components), expand_composites=composite)
+
+        dataset = SaveableStream(codec, open_reader, stacked, merge_up_to, pack, before_first).dataset()
+    else:
+        dataset = _coordinated_dataset(target, job, codec, options, compression, stacked, element_spec)
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    return dataset
+
+
+def _coordinated_dataset(
+    target: addresses.Target,
+    job: JobSpec,
+    codec: ElementCodec,
+    options: _ReadOptions,
+    compression: int,
+    stacked: bool,
+    element_spec: Any,
+) -> tf.data.Dataset:
+    """Coordinated reads (consumer_index, num_consumers): a generator over the rounds, which
+    tf.data cannot save in a checkpoint (as TensorFlow's)."""
+    # Composite components (ragged, sparse) are rebuilt inside tf.data; plain tensors are
+    # yielded in the element's own structure.
+    composite = not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(element_spec))
+
+    def structure(components: tuple) -> Any:
+        return components if composite else tf.nest.pack_sequence_as(element_spec, list(components))
+
+    # Each pass over the dataset is the next repetition: a new iteration of the named job.
+    repetitions = itertools.count()
+
+    def generate():
+        reader = CoordinatedReader(
+            target.address,
+            job,
+            next(repetitions),
+            codec,
+            options.consumer_index,
+            options.timeout_s,
+            compression,
+            tls=target.tls,
+        )
         try:
-            for chunk in chunks:
+            for chunk in reader:
                 if stacked or not codec.stackable:
                     yield structure(chunk)
                 else:
@@ -255,8 +284,6 @@ def _service_dataset(
         dataset = dataset.map(
             lambda *components: tf.nest.pack_sequence_as(element_spec, list(components), expand_composites=True)
         )
-    if cardinality == tf.data.INFINITE_CARDINALITY:
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     return dataset
 
 

@@ -16,7 +16,7 @@ import collections
 import logging
 import queue
 import threading
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
@@ -55,6 +55,7 @@ class IterationReader:
         compression: int,
         protocol: Optional[str] = None,
         tls: Optional[TlsFiles] = None,
+        resume_from: Optional[Sequence[Tuple[int, int]]] = None,
     ):
         self.codec = codec
         self.protocol = protocol
@@ -86,6 +87,7 @@ class IterationReader:
             consumed_tasks=self.consumed_tasks,
             reading=self.meter.totals,
             tls=tls,
+            resume_from=resume_from,
         )
         self.client_id = self.session.client_id
         self.session.start()
@@ -100,6 +102,10 @@ class IterationReader:
         the chunks already waiting are concatenated into one of at most that many
         elements: a slow pipeline on many workers sends many small chunks, and each
         chunk costs the consumer a call into Python from tf.data."""
+        return (chunk for chunk, _ in self.chunks_with_origin(merge_up_to))
+
+    def chunks_with_origin(self, merge_up_to: int = 0) -> Iterator[Tuple[tuple, List[Tuple[int, int]]]]:
+        """chunks(), each with where its elements came from: (task id, element count) in order."""
         meter = self.meter
         while True:
             meter.wait_started()
@@ -126,7 +132,7 @@ class IterationReader:
             self.credits.consumed((stream.task_id, count) for stream, count, _ in taken)
             chunk = taken[0][2] if len(taken) == 1 else tuple(_concatenate(p) for p in zip(*(i for _, _, i in taken)))
             meter.handed(count, component_bytes(chunk))
-            yield chunk
+            yield chunk, [(stream.task_id, n) for stream, n, _ in taken]
             # tf.data asks for the next chunk once it has handed out this one's elements: only now
             # has the consumer gone past them.
             with self._lock:

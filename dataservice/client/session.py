@@ -13,7 +13,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Callable, FrozenSet, Optional, Sequence
+from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -43,6 +43,15 @@ class JobSpec:
         self.job_name = job_name or ""
         self.num_consumers = num_consumers or 0
         self.target_workers = target_workers
+
+    def request(self) -> dispatcher_pb2.GetOrCreateJobRequest:
+        return dispatcher_pb2.GetOrCreateJobRequest(
+            dataset_id=self.dataset_id,
+            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=self.sharding_policy),
+            job_name=self.job_name,
+            num_consumers=self.num_consumers,
+            target_workers=self.target_workers,
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,7 +85,10 @@ class IterationSession:
         consumed_tasks: Callable[[], Sequence[int]] = lambda: (),
         reading: Callable[[], ReadingTotals] = ReadingTotals,
         tls: Optional[TlsFiles] = None,
+        resume_from: Optional[Sequence[Tuple[int, int]]] = None,
     ):
+        """`resume_from`: (task id, elements taken) of a saved iterator, whose position a new
+        iteration continues from (ResumeIteration), instead of joining repetition `repetition`."""
         self._address = dispatcher_address
         self.timeout_s = timeout_s
         self.local_only = job.target_workers == common_pb2.TARGET_WORKERS_LOCAL
@@ -88,11 +100,20 @@ class IterationSession:
         self._dispatcher = DispatcherClient(dispatcher_address, timeout_s, shared=True, tls=tls)
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self.repetition = repetition
+        # A resumed iteration's tasks at its start.
+        self.resumed_tasks: List[int] = []
         try:
-            job_id = self._dispatcher.get_or_create_job(
-                job.dataset_id, job.sharding_policy, job.job_name, job.num_consumers, job.target_workers
-            )
-            iteration = self._dispatcher.get_or_create_iteration(job_id, repetition)
+            if resume_from is not None:
+                resumed = self._dispatcher.resume_iteration(job.request(), resume_from)
+                self.repetition = resumed.repetition
+                self.resumed_tasks = list(resumed.task_ids)
+                iteration = resumed
+            else:
+                job_id = self._dispatcher.get_or_create_job(
+                    job.dataset_id, job.sharding_policy, job.job_name, job.num_consumers, job.target_workers
+                )
+                iteration = self._dispatcher.get_or_create_iteration(job_id, repetition)
         except BaseException:
             self._dispatcher.close()
             raise

@@ -1,0 +1,293 @@
+"""The service's elements as a tf.data pipeline whose iterator tf.train.Checkpoint can save.
+
+tf.data saves an iterator by asking each dataset op of the pipeline for its
+state, and a Python generator has none to give (from_generator cannot be
+saved). So the elements reach tf.data through ops that can:
+
+    from_tensors(0).map(new_token)              once per iterator: a token naming its reader
+      .flat_map(range(inf).map(fetch))          call k: the reader's next chunk, with the reader's
+                                                progress after it (elements taken per task)
+      .take_while(more)
+      .scan(progress)                           the state: that progress
+      .unbatch()                                (stacked chunks) or one element a call
+
+The scan's state is what a checkpoint needs to resume: per task of the
+iteration, the elements that went past the scan (what the unbatch and
+later ops still hold, tf.data saves with them). A restored iterator calls
+fetch with a token this process has no reader for (a new process) or with a
+call number its reader did not expect (restored in the same process): fetch
+answers with an empty marker chunk, and the scan hands its restored state to
+resume(), which opens a reader on a new iteration continuing from there
+(ResumeIteration; see dispatcher/resume.py).
+
+A reader is closed when its data ends, or when the iterator is destroyed: the
+token is a numpy array that TensorFlow adopts without copying, so the tensor
+holding it lives as long as the iterator's flat_map, and a weakref finalizer
+on the array closes the reader. (A restored iterator's token comes from the
+checkpoint: its reader is closed at the end of its data or of the process.)
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import weakref
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from dataservice.client.reader import IterationReader
+from dataservice.transfer import wire
+from dataservice.transfer.wire import ElementCodec
+
+log = logging.getLogger(__name__)
+
+# The marker chunk's `tasks` are these three numbers instead: what resume() needs besides the state.
+_MARKER_FIELDS = 3  # token handle, repetition, call number
+
+
+class Repetitions:
+    """The dataset's passes so far: each pass (a repeat() after distribute) reads the next
+    repetition of its job. A resumed pass moves the count past the repetition it resumed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def take(self) -> int:
+        with self._lock:
+            value, self._next = self._next, self._next + 1
+            return value
+
+    def passed(self, repetition: int) -> None:
+        with self._lock:
+            self._next = max(self._next, repetition + 1)
+
+
+class _Slot:
+    """One iterator's reader in this process, and how far tf.data has called for it."""
+
+    def __init__(self, repetition: int, calls: int = 0):
+        self.repetition = repetition
+        self.calls = calls
+        self.reader: Optional[IterationReader] = None
+        self.chunks: Optional[Iterator[Tuple[tuple, List[Tuple[int, int]]]]] = None
+        # Elements handed to tf.data per task (the progress a checkpoint saves).
+        self.handed: Dict[int, int] = {}
+        # Per-element reading: the chunk being handed out a row at a time, and each row's task.
+        self.pending: Optional[tuple] = None
+        self.pending_tasks: List[int] = []
+        self.pending_index = 0
+        self.token_alive = True
+        self.closed = False
+
+    def progress(self) -> Tuple[np.ndarray, np.ndarray]:
+        tasks = sorted(self.handed)
+        return np.array(tasks, np.int64), np.array([self.handed[t] for t in tasks], np.int64)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.reader is not None:
+            self.reader.close()
+
+
+ReaderFactory = Callable[[int, Optional[Sequence[Tuple[int, int]]]], IterationReader]
+
+
+class SaveableStream:
+    """Builds the pipeline for one service dataset and serves its fetch and resume calls.
+
+    `open_reader(repetition, resume_from)` opens an IterationReader: on repetition
+    `repetition` of the job, or (resume_from given) on a new iteration continuing
+    from (task id, elements taken) pairs. `pack` makes an element of its components, in tf.data.
+    """
+
+    def __init__(
+        self,
+        codec: ElementCodec,
+        open_reader: ReaderFactory,
+        stacked: bool,
+        merge_up_to: int,
+        pack: Callable[[tuple], object],
+        before_first: Callable[[], None] = lambda: None,
+    ):
+        self._codec = codec
+        self._open_reader = open_reader
+        self._stacked = stacked
+        self._merge_up_to = merge_up_to
+        self._pack = pack
+        self._before_first = before_first
+        self._repetitions = Repetitions()
+        self._lock = threading.Lock()
+        self._slots: Dict[int, _Slot] = {}
+        specs = codec.component_specs
+        self._types = [spec.dtype for spec in specs]
+        # What fetch returns per component: a chunk ([n, *shape]) or one element.
+        self._shapes = [tf.TensorShape([None]).concatenate(s.shape) if stacked else s.shape for s in specs]
+
+    # ---- the pipeline ----------------------------------------------------------
+
+    def dataset(self) -> tf.data.Dataset:
+        """The components of the elements, as tf.data sees them (stacked: unbatched already)."""
+        types = [tf.bool, tf.int64, tf.int64, *self._types]
+
+        def call(token: tf.Tensor, k: tf.Tensor):
+            out = tf.numpy_function(self._fetch, [token, k], types, stateful=True)
+            more, tasks, counts, components = out[0], out[1], out[2], out[3:]
+            more.set_shape([])
+            tasks.set_shape([None])
+            counts.set_shape([None])
+            for component, shape in zip(components, self._shapes):
+                component.set_shape(shape)
+            return (more, tasks, counts, *components)
+
+        def step(state, element):
+            more, tasks, counts, *components = element
+            del more
+            # A marker has no progress of its own (counts empty): resume() gives the state after it.
+            is_marker = tf.equal(tf.size(counts), 0) & tf.equal(tf.size(tasks), _MARKER_FIELDS)
+            new_tasks, new_counts = tf.cond(
+                is_marker,
+                lambda: tuple(
+                    tf.numpy_function(self._resume, [tasks, state[0], state[1]], [tf.int64, tf.int64], stateful=True)
+                ),
+                lambda: (tasks, counts),
+            )
+            new_tasks.set_shape([None])
+            new_counts.set_shape([None])
+            packed = self._pack(tuple(components))
+            return (new_tasks, new_counts), (packed if self._stacked else (is_marker, packed))
+
+        tokens = tf.data.Dataset.from_tensors(np.int64(0)).map(
+            lambda _: tf.numpy_function(self._new_token, [], tf.int64, stateful=True)
+        )
+        calls = tokens.flat_map(lambda token: tf.data.Dataset.range(2**62).map(lambda k: call(token, k)))
+        progress = calls.take_while(lambda more, *_: more).scan(
+            (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)), step
+        )
+        # No stateless map after the scan: tf.data would run it in parallel, reading ahead of the
+        # consumer, and a parallel_epochs task counts as consumed when fetch is called past its end.
+        if self._stacked:
+            # Markers are empty chunks: the unbatch drops them.
+            elements = progress.unbatch()
+        else:
+            elements = progress.flat_map(
+                lambda is_marker, element: tf.data.Dataset.from_tensors(element).take(1 - tf.cast(is_marker, tf.int64))
+            )
+        options = tf.data.Options()
+        # fetch and resume talk to the service: state outside tf.data, which the scan's progress stands for.
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        # No prefetch appended behind the user's back: its buffer would go into every checkpoint
+        # (it grows as autotune sees fit) and it reads ahead of the consumer. The reader's streams
+        # already fetch ahead; a .prefetch() the user adds works as usual.
+        options.experimental_optimization.inject_prefetch = False
+        return elements.with_options(options)
+
+    # ---- called by tf.data -------------------------------------------------------
+
+    def _new_token(self) -> np.ndarray:
+        handle = secrets.randbits(62) + 1
+        repetition = self._repetitions.take()
+        slot = _Slot(repetition)
+        # Aligned, so that TensorFlow adopts the array rather than copying it: the array then lives
+        # as long as the iterator that holds the token.
+        token = wire.tf_aligned_empty((2,), np.int64)
+        token[:] = (handle, repetition)
+        with self._lock:
+            self._slots[handle] = slot
+        weakref.finalize(token, self._token_released, handle, slot)
+        return token
+
+    def _token_released(self, handle: int, slot: _Slot) -> None:
+        slot.token_alive = False
+        if slot.reader is None and not slot.closed:
+            return  # not started: TensorFlow copied the token; the reader will not be tracked
+        self._discard(handle, slot)
+
+    def _discard(self, handle: int, slot: _Slot) -> None:
+        with self._lock:
+            if self._slots.get(handle) is slot:
+                del self._slots[handle]
+        slot.close()
+
+    def _fetch(self, token: np.ndarray, k: np.int64):
+        handle, repetition, k = int(token[0]), int(token[1]), int(k)
+        with self._lock:
+            slot = self._slots.get(handle)
+        if slot is None or slot.calls != k or slot.closed:
+            # A restored iterator: the scan resumes from its saved progress.
+            if slot is not None:
+                self._discard(handle, slot)
+            return self._empty(np.array([handle, repetition, k], np.int64), more=True)
+        if slot.reader is None:
+            self._before_first()
+            slot.reader = self._open_reader(slot.repetition, None)
+            slot.chunks = slot.reader.chunks_with_origin(self._merge_up_to)
+            if not slot.token_alive:
+                log.debug("the iterator's token was copied: its reader closes at the end of its data")
+        slot.calls += 1
+        return self._next(handle, slot)
+
+    def _next(self, handle: int, slot: _Slot):
+        if self._stacked:
+            try:
+                chunk, parts = next(slot.chunks)
+            except StopIteration:
+                self._discard(handle, slot)
+                return self._empty(np.zeros(0, np.int64), more=False)
+            for task_id, count in parts:
+                slot.handed[task_id] = slot.handed.get(task_id, 0) + count
+            return (True, *slot.progress(), *chunk)
+        if slot.pending is None or slot.pending_index >= len(slot.pending_tasks):
+            try:
+                slot.pending, parts = next(slot.chunks)
+            except StopIteration:
+                self._discard(handle, slot)
+                return self._empty(np.zeros(0, np.int64), more=False)
+            slot.pending_tasks = [task_id for task_id, count in parts for _ in range(count)]
+            slot.pending_index = 0
+        i = slot.pending_index
+        slot.pending_index += 1
+        task_id = slot.pending_tasks[i]
+        slot.handed[task_id] = slot.handed.get(task_id, 0) + 1
+        if not self._codec.stackable:
+            return (True, *slot.progress(), *slot.pending)  # an unstackable chunk is one element
+        return (True, *slot.progress(), *(component[i] for component in slot.pending))
+
+    def _resume(self, marker: np.ndarray, tasks: np.ndarray, counts: np.ndarray):
+        """Opens the reader of a restored iterator; returns the progress to save from now on."""
+        handle, repetition, k = (int(x) for x in marker)
+        self._repetitions.passed(repetition)
+        slot = _Slot(repetition, calls=k + 1)
+        slot.token_alive = False
+        progress = list(zip(tasks.tolist(), counts.tolist()))
+        # Nothing taken yet (saved before the first element): the repetition starts anew.
+        slot.reader = self._open_reader(repetition, progress or None)
+        slot.chunks = slot.reader.chunks_with_origin(self._merge_up_to)
+        slot.handed = {t: 0 for t in slot.reader.session.resumed_tasks}
+        with self._lock:
+            old = self._slots.get(handle)
+            self._slots[handle] = slot
+        if old is not None:
+            old.close()
+        return slot.progress()
+
+    def _empty(self, tasks: np.ndarray, more: bool):
+        """A chunk with no element: the end (more False) or a marker (`tasks` the marker's fields)."""
+        components = []
+        for dtype, shape in zip(self._types, self._shapes):
+            dims = [d if d is not None else 0 for d in shape.as_list()] if shape.rank is not None else [0]
+            if self._stacked:
+                dims[0] = 0
+            if dtype == tf.string:
+                components.append(np.full(dims, b"", dtype=object))
+            else:
+                components.append(np.zeros(dims, dtype.as_numpy_dtype))
+        return (more, tasks, np.zeros(0, np.int64), *components)
+
+    def open_readers(self) -> int:
+        """Readers open in this process (for tests)."""
+        with self._lock:
+            return sum(1 for slot in self._slots.values() if slot.reader is not None and not slot.closed)
