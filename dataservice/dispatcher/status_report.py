@@ -100,6 +100,8 @@ def build(
                 {
                     "iteration_id": iteration.iteration_id,
                     "repetition": repetition,
+                    # A restored iterator's iteration: the one it continues.
+                    "resumes_iteration_id": iteration.resumes_iteration_id or None,
                     "finished": iteration.finished,
                     "tasks": len(tasks),
                     "active_tasks": len(active),

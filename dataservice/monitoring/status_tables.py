@@ -80,7 +80,7 @@ def render(doc: Dict[str, Any]) -> str:
                 ("JOB", lambda i: i["job_id"]),
                 ("ITERATION", lambda i: i["iteration_id"]),
                 ("EPOCH", lambda i: i["repetition"]),
-                ("STATE", lambda i: "finished" if i["finished"] else "running"),
+                ("STATE", _iteration_state),
                 ("TASKS", lambda i: f"{i['active_tasks']}/{i['tasks']}"),
                 ("CLIENTS", lambda i: i["clients"]),
                 ("SPLITS", lambda i: _progress(i["splits"])),
@@ -110,3 +110,9 @@ def render(doc: Dict[str, Any]) -> str:
         )
     )
     return "\n".join(parts)
+
+
+def _iteration_state(iteration: dict) -> str:
+    state = "finished" if iteration["finished"] else "running"
+    resumed = iteration.get("resumes_iteration_id")
+    return f"{state} (resumes {resumed})" if resumed else state

@@ -201,3 +201,18 @@ def test_resume_is_journaled_and_snapshots_keep_what_it_needs(clock, notifier, t
     assert rebuilt.task(new_task).replay == {(0, 0): saved}
     assert rebuilt.task(task).received == core._state.task(task).received  # noqa: SLF001
     assert rebuilt.iteration(resumed.iteration_id).resumes_iteration_id == iteration.iteration_id
+
+
+def test_status_shows_which_iteration_a_resumed_one_continues(clock, notifier):
+    from dataservice.monitoring import status_tables
+
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    dataset_id = register(core, tf.data.Dataset.range(100))
+    iteration = start_iteration(core, dataset_id)
+    (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
+    resumed = resume(core, dataset_id, OFF, {task: 3})
+    iterations = {it["iteration_id"]: it for job in core.status()["jobs"] for it in job["iterations"]}
+    assert iterations[resumed.iteration_id]["resumes_iteration_id"] == iteration.iteration_id
+    assert iterations[iteration.iteration_id]["resumes_iteration_id"] is None
+    assert f"running (resumes {iteration.iteration_id})" in status_tables.render(core.status())
