@@ -23,8 +23,9 @@ resume(), which opens a reader on a new iteration continuing from there
 A reader is closed when its data ends, or when the iterator is destroyed: the
 token is a numpy array that TensorFlow adopts without copying, so the tensor
 holding it lives as long as the iterator's flat_map, and a weakref finalizer
-on the array closes the reader. (A restored iterator's token comes from the
-checkpoint: its reader is closed at the end of its data or of the process.)
+on the array closes the reader. A restored iterator's token comes from the
+checkpoint; there the progress arrays stand in for it: the scan holds the
+latest as its state for as long as the iterator lives.
 """
 
 from __future__ import annotations
@@ -82,10 +83,17 @@ class _Slot:
         self.pending_index = 0
         self.token_alive = True
         self.closed = False
+        # A restored iterator's reader: the scan's state (the progress arrays fetch returned last)
+        # is what tells that the iterator is gone; how many were handed out.
+        self.tracked_progress = False
+        self.progress_seq = 0
 
     def progress(self) -> Tuple[np.ndarray, np.ndarray]:
         tasks = sorted(self.handed)
-        return np.array(tasks, np.int64), np.array([self.handed[t] for t in tasks], np.int64)
+        out = (wire.tf_aligned_empty((len(tasks),), np.int64), wire.tf_aligned_empty((len(tasks),), np.int64))
+        out[0][:] = tasks
+        out[1][:] = [self.handed[t] for t in tasks]
+        return out
 
     def close(self) -> None:
         self.closed = True
@@ -200,6 +208,20 @@ class SaveableStream:
         weakref.finalize(token, self._token_released, handle, slot)
         return token
 
+    def _progress(self, handle: int, slot: _Slot) -> Tuple[np.ndarray, np.ndarray]:
+        """The slot's progress for the scan. For a restored iterator's reader, whose token is not
+        this process's, the arrays (adopted by TensorFlow, held as the scan's state) stand in for
+        the token: when the latest of them is released, the iterator is gone."""
+        progress = slot.progress()
+        if slot.tracked_progress and len(progress[1]):  # (an empty array has no buffer to adopt)
+            slot.progress_seq += 1
+            weakref.finalize(progress[1], self._progress_released, handle, slot, slot.progress_seq)
+        return progress
+
+    def _progress_released(self, handle: int, slot: _Slot, seq: int) -> None:
+        if seq == slot.progress_seq:
+            self._discard(handle, slot)
+
     def _token_released(self, handle: int, slot: _Slot) -> None:
         slot.token_alive = False
         if slot.reader is None and not slot.closed:
@@ -239,7 +261,7 @@ class SaveableStream:
                 return self._empty(np.zeros(0, np.int64), more=False)
             for task_id, count in parts:
                 slot.handed[task_id] = slot.handed.get(task_id, 0) + count
-            return (True, *slot.progress(), *chunk)
+            return (True, *self._progress(handle, slot), *chunk)
         if slot.pending is None or slot.pending_index >= len(slot.pending_tasks):
             try:
                 slot.pending, parts = next(slot.chunks)
@@ -253,8 +275,8 @@ class SaveableStream:
         task_id = slot.pending_tasks[i]
         slot.handed[task_id] = slot.handed.get(task_id, 0) + 1
         if not self._codec.stackable:
-            return (True, *slot.progress(), *slot.pending)  # an unstackable chunk is one element
-        return (True, *slot.progress(), *(component[i] for component in slot.pending))
+            return (True, *self._progress(handle, slot), *slot.pending)  # an unstackable chunk is one element
+        return (True, *self._progress(handle, slot), *(component[i] for component in slot.pending))
 
     def _resume(self, marker: np.ndarray, tasks: np.ndarray, counts: np.ndarray):
         """Opens the reader of a restored iterator; returns the progress to save from now on."""
@@ -262,6 +284,7 @@ class SaveableStream:
         self._repetitions.passed(repetition)
         slot = _Slot(repetition, calls=k + 1)
         slot.token_alive = False
+        slot.tracked_progress = True
         progress = list(zip(tasks.tolist(), counts.tolist()))
         # Nothing taken yet (saved before the first element): the repetition starts anew.
         slot.reader = self._open_reader(repetition, progress or None)
@@ -272,7 +295,7 @@ class SaveableStream:
             self._slots[handle] = slot
         if old is not None:
             old.close()
-        return slot.progress()
+        return self._progress(handle, slot)
 
     def _empty(self, tasks: np.ndarray, more: bool):
         """A chunk with no element: the end (more False) or a marker (`tasks` the marker's fields)."""

@@ -242,3 +242,24 @@ def test_killed_trainer_resumes_after_dispatcher_restart_and_new_workers():
     out = _resume_example("--mode=distributed_epoch", "--restart_dispatcher", "--replace_workers")
     assert "dispatcher restarted" in out and "workers replaced" in out
     assert "every example seen once per epoch" in out
+
+
+def test_a_restored_iterator_releases_its_reader_when_dropped(tmp_path):
+    cluster = in_process_cluster(1)
+    try:
+        ds = tf.data.Dataset.range(10**9).apply(service.distribute("parallel_epochs", cluster.target))
+        iterator = iter(ds)
+        _read(iterator, 2000)
+        path = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
+        del iterator
+        restored = iter(ds)
+        tf.train.Checkpoint(iterator=restored).restore(path)
+        assert _read(restored, 3000)[-1] == 4999
+        assert cluster.dispatcher.state_summary()["iteration_clients"] == 1
+        del restored
+        deadline = time.monotonic() + 20
+        while cluster.dispatcher.state_summary()["iteration_clients"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cluster.dispatcher.state_summary()["iteration_clients"] == 0, "the restored reader was not released"
+    finally:
+        cluster.stop()
