@@ -1,8 +1,8 @@
 """What a client reports of its reading: elements and bytes handed to its consumer, the time
 it waited for data, and the time its consumer spent on what it was handed.
 
-The reader's generator is resumed by tf.data when the consumer wants more, so the time from
-handing out a chunk to the next request is the consumer's own time on that chunk (its pace);
+tf.data calls for the reader's next chunk when the consumer wants more (saveable_stream.py), so
+the time from handing out a chunk to the next request is the consumer's own time on it (its pace);
 the time from that request until a chunk is there is waiting for the service. The
 dispatcher turns these totals into the job's consumption rate, the clients' waiting share
 and the recommended number of workers (dispatcher/load.py).

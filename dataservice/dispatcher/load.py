@@ -27,11 +27,11 @@ from typing import Deque, Dict, Iterable, List, Optional, Tuple
 
 # Rates are measured over the reports of the last seconds.
 WINDOW_S = 10.0
-# A client that waits nearly all the time hides its consumer's pace: with a prefetch after
-# distribute() (tf.data inserts one by default) the next element is asked for at once, by a
-# background thread. It is taken to have spent at least this share of the window on its
-# elements, which bounds the estimate of its rate to 1/share times the rate it receives: an
-# upper bound while it starves, exact once enough workers run that it stops waiting.
+# A client that waits nearly all the time hides its consumer's pace when its pipeline has a
+# prefetch after distribute(): the next element is asked for at once, by a background thread.
+# It is taken to have spent at least this share of the window on its elements, which bounds
+# the estimate of its rate to 1/share times the rate it receives: an upper bound while it
+# starves, exact once enough workers run that it stops waiting.
 MIN_CONSUME_SHARE = 0.1
 # Rates further than this many standard deviations from the mean count as the median.
 OUTLIER_SIGMAS = 1.0
