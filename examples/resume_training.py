@@ -125,14 +125,31 @@ def check(args, copies: int) -> List[str]:
     if len(seen) != per_epoch * args.epochs:
         problems.append(f"{len(seen)} examples trained on, expected {per_epoch * args.epochs}")
     for epoch in range(args.epochs):
-        counts = collections.Counter(seen[epoch * per_epoch : (epoch + 1) * per_epoch])
+        epoch_seen = seen[epoch * per_epoch : (epoch + 1) * per_epoch]
+        counts = collections.Counter(epoch_seen)
         wrong = {i: c for i, c in counts.items() if c != copies}
         missing = args.examples - len(counts)
         if wrong or missing:
             problems.append(f"epoch {epoch}: {missing} examples missing, {len(wrong)} seen other than {copies}x")
-        else:
-            print(f"epoch {epoch}: each of {args.examples} examples seen {copies}x", flush=True)
+            continue
+        print(f"epoch {epoch}: each of {args.examples} examples seen {copies}x", flush=True)
+        if copies == 2 and not in_order(epoch_seen):
+            problems.append(f"epoch {epoch}: the workers' streams were not each in order")
+        elif copies == 2:
+            print(f"epoch {epoch}: each worker's stream in order", flush=True)
     return problems
+
+
+def in_order(seen: List[int]) -> bool:
+    """parallel_epochs, two workers: both streams yield the same order S (seeded shuffle), so the
+    first occurrences follow S (the leading stream's position only grows) and so do the second
+    ones (the trailing stream's): true when those two orders are one, as when each stream
+    continued exactly where the checkpoint had left it."""
+    firsts, seconds, met = [], [], set()
+    for i in seen:
+        (seconds if i in met else firsts).append(i)
+        met.add(i)
+    return firsts == seconds
 
 
 def run_trainer(args, kill_after_step: int = 0) -> int:

@@ -74,6 +74,18 @@ def test_repeat_after_distribute_resumes_in_the_saved_epoch(cluster2, tmp_path):
         assert sorted(seen[epoch * n : (epoch + 1) * n]) == [10 * i for i in range(n)], f"epoch {epoch}"
 
 
+def test_from_dataset_id_iterators_save_and_restore(cluster2, tmp_path):
+    dataset_id = service.register_dataset(cluster2.target, _pipeline(800))
+    ds = service.from_dataset_id("distributed_epoch", cluster2.target, dataset_id)
+    iterator = iter(ds)
+    before = _read(iterator, 300)
+    path = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
+    _read(iterator, 100)
+    restored = iter(service.from_dataset_id("distributed_epoch", cluster2.target, dataset_id))
+    tf.train.Checkpoint(iterator=restored).restore(path)
+    assert sorted(before + _read(restored)) == [10 * i for i in range(800)]
+
+
 def test_saved_before_the_first_element_restores_the_whole_epoch(cluster2, tmp_path):
     ds = tf.data.Dataset.range(300).apply(service.distribute("distributed_epoch", cluster2.target))
     iterator = iter(ds)
@@ -236,6 +248,7 @@ def test_killed_trainer_resumes_distributed_epoch_exactly_once():
 def test_killed_trainer_resumes_parallel_epochs_streams():
     out = _resume_example("--mode=parallel_epochs")
     assert "epoch 0: each of 1200 examples seen 2x" in out and "epoch 1: each of 1200 examples seen 2x" in out
+    assert "epoch 0: each worker's stream in order" in out and "epoch 1: each worker's stream in order" in out
 
 
 def test_killed_trainer_resumes_after_dispatcher_restart_and_new_workers():
