@@ -67,6 +67,10 @@ def _check_tls(config) -> None:
 DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp")
 
 
+# job_gc_timeout_ms: named iterations without clients are never ended (as TensorFlow's -1).
+NEVER_COLLECT = -1
+
+
 def _positive_or_default(name: str, value: Optional[int], default: int) -> int:
     if value is None:
         return default
@@ -89,7 +93,8 @@ class DispatcherConfig:
       restarted dispatcher loses nothing. Needs work_dir.
     worker_addresses: the fixed list of workers, for static sharding.
     job_gc_check_interval_ms / job_gc_timeout_ms: how often to look for, and
-      how long to keep, iterations that no client reads.
+      how long to keep, iterations that no client reads; job_gc_timeout_ms=-1
+      keeps them for good (as in TensorFlow).
     worker_timeout_ms: a worker silent for this long is considered gone.
     client_timeout_ms: a client silent for this long is released.
     monitoring_port: the HTTP port of /metrics (Prometheus), the status page (/) and
@@ -137,9 +142,19 @@ class DispatcherConfig:
                     f"worker_addresses must be a list of 'host:port' strings, got {self.worker_addresses!r}"
                 )
             object.__setattr__(self, "worker_addresses", addresses)
+        gc_timeout = self.job_gc_timeout_ms
+        if isinstance(gc_timeout, int) and not isinstance(gc_timeout, bool) and gc_timeout < 0:
+            if gc_timeout != NEVER_COLLECT:
+                raise ValueError(
+                    f"job_gc_timeout_ms must be a positive number of milliseconds, or -1 to keep unread "
+                    f"named iterations for good, got {gc_timeout!r}"
+                )
+            gc_timeouts: tuple = ()  # -1 stays
+        else:
+            gc_timeouts = (("job_gc_timeout_ms", DEFAULT_JOB_GC_TIMEOUT_MS),)
         for name, default in (
             ("job_gc_check_interval_ms", DEFAULT_JOB_GC_CHECK_INTERVAL_MS),
-            ("job_gc_timeout_ms", DEFAULT_JOB_GC_TIMEOUT_MS),
+            *gc_timeouts,
             ("worker_timeout_ms", DEFAULT_WORKER_TIMEOUT_MS),
             ("client_timeout_ms", DEFAULT_CLIENT_TIMEOUT_MS),
         ):

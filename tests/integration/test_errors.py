@@ -154,11 +154,18 @@ def test_invalid_distribute_arguments_are_value_errors(kwargs, message):
         (dict(protocol="http"), "protocol"),
         (dict(worker_addresses="a:1"), "worker_addresses"),
         (dict(worker_timeout_ms=0), "worker_timeout_ms"),
+        (dict(worker_timeout_ms=-1), "worker_timeout_ms must be a positive"),
+        (dict(job_gc_timeout_ms=-2), "job_gc_timeout_ms must be a positive number of milliseconds, or -1"),
+        (dict(job_gc_timeout_ms=0), "job_gc_timeout_ms must be a positive"),
     ],
 )
 def test_invalid_dispatcher_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
         service.DispatcherConfig(**kwargs)
+
+
+def test_job_gc_timeout_minus_one_is_never_as_in_tensorflow():
+    assert service.DispatcherConfig(job_gc_timeout_ms=-1).job_gc_timeout_ms == -1
 
 
 @pytest.mark.parametrize(

@@ -258,6 +258,25 @@ def test_named_iterations_wait_job_gc_timeout_for_another_client(clock, notifier
     assert core.summary()["unfinished_iterations"] == 0
 
 
+def test_job_gc_timeout_minus_one_keeps_named_iterations_for_good(clock, notifier):
+    core = make_core(clock, notifier, job_gc_timeout_ms=-1)
+    heartbeat(core, "w1:1")
+    dataset_id = register(core, tf.data.Dataset.range(10))
+    named = start_iteration(core, dataset_id, job_name="kept")
+    anonymous = start_iteration(core, dataset_id)
+    for iteration in (named, anonymous):
+        core.release_iteration_client(
+            dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=iteration.iteration_client_id)
+        )
+    for _ in range(3):
+        clock.advance(10**6)
+        heartbeat(core, "w1:1", current=(1, 2))
+        core.collect_garbage()
+    # The anonymous iteration ended with its client; the named one waits for another.
+    assert core.summary()["unfinished_iterations"] == 1
+    assert [t.task_id for t in core._state.active_tasks_of_worker("w1:1")] == [1]  # noqa: SLF001
+
+
 def test_a_silent_client_is_released_and_a_live_one_kept(clock, notifier):
     core = make_core(clock, notifier)
     heartbeat(core, "w1:1")
