@@ -44,13 +44,17 @@ def parse_processing_mode(processing_mode: Union[str, ShardingPolicy]) -> Shardi
     )
 
 
-_COMPRESSIONS = {"AUTO": common_pb2.COMPRESSION_AUTO, None: common_pb2.COMPRESSION_NONE}
+_COMPRESSIONS = {
+    "AUTO": common_pb2.COMPRESSION_AUTO,
+    "SNAPPY": common_pb2.COMPRESSION_SNAPPY,
+    None: common_pb2.COMPRESSION_NONE,
+}
 
 
 def parse_compression(compression: Optional[str]) -> int:
-    """Maps the `compression` argument ("AUTO" or None) to its proto enum value."""
+    """Maps the `compression` argument ("AUTO", "SNAPPY" or None) to its proto enum value."""
     if compression not in _COMPRESSIONS:
-        raise ValueError(f"compression must be 'AUTO' or None, got {compression!r}")
+        raise ValueError(f"compression must be 'AUTO', 'SNAPPY' or None, got {compression!r}")
     return _COMPRESSIONS[compression]
 
 

@@ -1,14 +1,18 @@
-"""Per-tensor compression for compression="AUTO": LZ4 where a sample shows it pays off.
+"""Per-tensor compression: for compression="AUTO", LZ4 where a sample shows it pays off; for
+"SNAPPY", snappy on every tensor.
 
 LZ4 compresses and decompresses at several GB/s, so it costs little even when
 it saves little; random or already-compressed data does not shrink at all,
-so a small sample is tried first and such tensors go out raw.
+so a small sample is tried first and such tensors go out raw. "SNAPPY" is
+TensorFlow's setting that forces snappy whatever the data: kept for parity,
+so that a pipeline moved over keeps what it asked for.
 """
 
 from __future__ import annotations
 
 from typing import Tuple, Union
 
+import cramjam
 import lz4.block
 import numpy as np
 
@@ -24,9 +28,12 @@ SAMPLE_BYTES = 64 * 1024
 MAX_RATIO = 0.8
 
 
-def compress(data: BytesLike) -> Tuple[int, BytesLike]:
-    """(codec, payload): LZ4 when the data compresses well, else the data as it is."""
-    if len(data) < MIN_COMPRESS_BYTES:
+def compress(data: BytesLike, mode: int = common_pb2.COMPRESSION_AUTO) -> Tuple[int, BytesLike]:
+    """(codec, payload) for a stream's compression `mode`: AUTO, LZ4 when the data compresses
+    well, else the data as it is; SNAPPY, snappy; NONE, the data as it is."""
+    if mode == common_pb2.COMPRESSION_SNAPPY:
+        return common_pb2.COMPRESSION_SNAPPY, memoryview(cramjam.snappy.compress_raw(data))
+    if mode != common_pb2.COMPRESSION_AUTO or len(data) < MIN_COMPRESS_BYTES:
         return common_pb2.COMPRESSION_NONE, data
     if len(data) > 2 * SAMPLE_BYTES:
         sample = lz4.block.compress(data[:SAMPLE_BYTES], store_size=False)
@@ -43,4 +50,9 @@ def decompress(codec: int, payload: BytesLike, uncompressed_size: int) -> BytesL
         return payload
     if codec == common_pb2.COMPRESSION_LZ4:
         return lz4.block.decompress(payload, uncompressed_size=uncompressed_size)
+    if codec == common_pb2.COMPRESSION_SNAPPY:
+        out = memoryview(cramjam.snappy.decompress_raw(payload))
+        if len(out) != uncompressed_size:
+            raise ValueError(f"a snappy tensor decompressed to {len(out)} bytes, not {uncompressed_size}")
+        return out
     raise ValueError(f"a tensor arrived with unknown compression codec {codec}")

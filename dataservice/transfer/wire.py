@@ -179,11 +179,11 @@ class ElementCodec:
     # ---- encoding (workers) ----------------------------------------------
 
     def encode(
-        self, elements: Sequence[Components], compress: bool = False
+        self, elements: Sequence[Components], compression_mode: int = common_pb2.COMPRESSION_NONE
     ) -> Tuple[List[common_pb2.ElementChunk], List[Buffer]]:
         """Elements as chunks (one stacked chunk when stackable, else one chunk per
-        element) and the buffers that follow them in a frame. `compress`: each
-        buffer is compressed where that pays off."""
+        element) and the buffers that follow them in a frame, each compressed as the
+        stream's `compression_mode` says (transfer/compression.py)."""
         if not elements:
             return [], []
         if self.stackable:
@@ -205,8 +205,8 @@ class ElementCodec:
                     tensor.string_lengths.extend(len(x) for x in flat)
                 else:
                     buffer = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-                if compress:
-                    codec, payload = compression.compress(buffer)
+                if compression_mode != common_pb2.COMPRESSION_NONE:
+                    codec, payload = compression.compress(buffer, compression_mode)
                     if codec != common_pb2.COMPRESSION_NONE:
                         tensor.compression = codec
                         tensor.uncompressed_size = len(buffer)

@@ -21,6 +21,7 @@ class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMPRESSION_AUTO: _ClassVar[Compression]
     COMPRESSION_NONE: _ClassVar[Compression]
     COMPRESSION_LZ4: _ClassVar[Compression]
+    COMPRESSION_SNAPPY: _ClassVar[Compression]
 
 class TargetWorkers(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -36,6 +37,7 @@ SHARDING_POLICY_HINT: ShardingPolicy
 COMPRESSION_AUTO: Compression
 COMPRESSION_NONE: Compression
 COMPRESSION_LZ4: Compression
+COMPRESSION_SNAPPY: Compression
 TARGET_WORKERS_AUTO: TargetWorkers
 TARGET_WORKERS_ANY: TargetWorkers
 TARGET_WORKERS_LOCAL: TargetWorkers

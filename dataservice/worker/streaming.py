@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 
 from dataservice import status
 from dataservice.transfer import wire
-from dataservice.v1 import common_pb2, worker_pb2
+from dataservice.v1 import worker_pb2
 from dataservice.worker.task_book import TaskBook
 
 DEFAULT_MAX_ELEMENTS_PER_MESSAGE = 1024
@@ -155,7 +155,6 @@ def stream_task(
         target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}", daemon=True
     ).start()
     max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
-    compress = request.compression == common_pb2.COMPRESSION_AUTO
     linger_s = 0.0  # the first message goes out at once: time to first element matters
     stats = worker.transfer
     stats.opened(protocol)
@@ -176,7 +175,7 @@ def stream_task(
             if done:
                 worker.report_finished(request.task_id)
             if elements or done:
-                chunks, buffers = runner.codec.encode(elements, compress)
+                chunks, buffers = runner.codec.encode(elements, request.compression)
                 stats.sent(protocol, len(elements), buffers)
                 yield worker_pb2.StreamElementsResponse(chunks=chunks, end_of_sequence=done), buffers
                 if done:
@@ -217,7 +216,7 @@ def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) ->
         if runner.stopped:
             raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
         return worker_pb2.GetElementResponse(not_ready=True), []
-    (chunk,), buffers = runner.codec.encode([element], request.compression == common_pb2.COMPRESSION_AUTO)
+    (chunk,), buffers = runner.codec.encode([element], request.compression)
     worker.transfer.sent("grpc", 1, buffers)
     return worker_pb2.GetElementResponse(chunk=chunk), buffers
 

@@ -347,24 +347,31 @@ def test_auto_compression_compresses_only_what_shrinks():
     noise = np.random.default_rng(0).random(1 << 18, np.float32).tobytes()
     assert compression.compress(noise) == (common_pb2.COMPRESSION_NONE, noise)
     codec = ElementCodec(tf.TensorSpec([1024], tf.float32))
-    (chunk,), (buffer,) = codec.encode([[np.zeros(1024, np.float32)]] * 8, compress=True)
+    (chunk,), (buffer,) = codec.encode([[np.zeros(1024, np.float32)]] * 8, common_pb2.COMPRESSION_AUTO)
     assert chunk.components[0].compression == common_pb2.COMPRESSION_LZ4 and len(buffer) < 1024
     decoded = codec.decode(chunk, wire.FrameBuffers(bytes(buffer), 0, 8))[0]
     np.testing.assert_array_equal(decoded, np.zeros((8, 1024), np.float32))
 
 
-def test_consumers_of_a_shared_job_may_use_either_compression(cluster):
+def test_consumers_of_a_shared_job_may_use_any_compression(cluster):
     source = tf.data.Dataset.range(200).map(lambda i: tf.fill([4096], i)).apply(tf_internal.sleep(2000))
-    kinds = ["AUTO", None]
+    kinds = ["AUTO", None, "SNAPPY"]
 
     def read(i):
         ds = source.apply(service.distribute("parallel_epochs", cluster.target, job_name="z", compression=kinds[i]))
         return [(int(x[0]), bool(np.all(x.numpy() == x[0].numpy()))) for x in ds]
 
-    parts = _in_threads(2, read)
+    parts = _in_threads(3, read)
     assert all(parts)
-    assert sorted(v for v, _ in parts[0] + parts[1]) == list(range(200))
-    assert all(ok for _, ok in parts[0] + parts[1])
+    assert sorted(v for part in parts for v, _ in part) == list(range(200))
+    assert all(ok for part in parts for _, ok in part)
+
+
+def test_snappy_registered_datasets_are_read_through_from_dataset_id(cluster):
+    source = tf.data.Dataset.range(50).map(lambda i: tf.strings.as_string(tf.fill([300], i)))
+    dataset_id = service.register_dataset(cluster.target, source, compression="SNAPPY")
+    ds = service.from_dataset_id("parallel_epochs", cluster.target, dataset_id)
+    assert [int(x[0]) for x in ds.as_numpy_iterator()] == list(range(50))
 
 
 # ---- flow control and memory -----------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from dataservice.pipeline import graph as graph_lib
-from dataservice.transfer import tcp, wire
+from dataservice.transfer import compression, tcp, wire
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, worker_pb2
 
@@ -75,11 +75,11 @@ def _send_over_tcp(header, buffers):
     return received
 
 
-def _roundtrip(spec, elements, compress=False, transfer="grpc"):
+def _roundtrip(spec, elements, compression_mode=common_pb2.COMPRESSION_NONE, transfer="grpc"):
     """Encodes the elements into a data message and decodes them from it, as a worker and a client do."""
     codec = ElementCodec(spec)
     components = [codec.to_components(e) for e in elements]
-    chunks, buffers = codec.encode(components, compress)
+    chunks, buffers = codec.encode(components, compression_mode)
     header = worker_pb2.StreamElementsResponse(chunks=chunks)
     if transfer == "grpc":
         header, received = wire.unframe(wire.frame(header, buffers), worker_pb2.StreamElementsResponse)
@@ -172,12 +172,30 @@ def test_tf_aligned_copies_only_unaligned_arrays():
 
 
 @pytest.mark.parametrize("transfer", ["grpc", "tcp"])
-def test_compressed_buffers_round_trip_through_a_frame(transfer):
+@pytest.mark.parametrize(
+    "mode, codec", [(common_pb2.COMPRESSION_AUTO, common_pb2.COMPRESSION_LZ4), (common_pb2.COMPRESSION_SNAPPY,) * 2]
+)
+def test_compressed_buffers_round_trip_through_a_frame(transfer, mode, codec):
     elements = [tf.zeros([4096], tf.float32), tf.ones([4096], tf.float32)]
-    codec, chunks, decoded = _roundtrip(tf.TensorSpec([4096], tf.float32), elements, compress=True, transfer=transfer)
+    _, chunks, decoded = _roundtrip(tf.TensorSpec([4096], tf.float32), elements, mode, transfer=transfer)
     tensor = chunks[0].components[0]
-    assert tensor.compression == common_pb2.COMPRESSION_LZ4 and tensor.size < tensor.uncompressed_size // 50
+    assert tensor.compression == codec and tensor.size < tensor.uncompressed_size // 10
     np.testing.assert_array_equal(decoded[0][0], np.stack([np.zeros(4096), np.ones(4096)]))
+
+
+def test_snappy_is_forced_on_every_tensor_and_checked_on_the_way_back():
+    # Even noise, which AUTO sends raw, and a tensor of a few bytes.
+    noise = np.random.default_rng(0).random(1 << 16, np.float32)
+    codec = ElementCodec(tf.TensorSpec([1 << 16], tf.float32))
+    (chunk,), (buffer,) = codec.encode([[noise]], common_pb2.COMPRESSION_SNAPPY)
+    assert chunk.components[0].compression == common_pb2.COMPRESSION_SNAPPY
+    np.testing.assert_array_equal(codec.decode(chunk, wire.FrameBuffers(bytes(buffer), 0, 1))[0][0], noise)
+    small = ElementCodec(tf.TensorSpec([], tf.int64))
+    (chunk,), _ = small.encode([[np.int64(7)]], common_pb2.COMPRESSION_SNAPPY)
+    assert chunk.components[0].compression == common_pb2.COMPRESSION_SNAPPY
+    codec_id, payload = compression.compress(noise.tobytes(), common_pb2.COMPRESSION_SNAPPY)
+    with pytest.raises(ValueError, match="decompressed to"):
+        compression.decompress(codec_id, payload, noise.nbytes + 1)
 
 
 def test_a_truncated_frame_is_an_error_not_garbage():
