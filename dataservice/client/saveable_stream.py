@@ -138,7 +138,7 @@ class SaveableStream:
     # ---- the pipeline ----------------------------------------------------------
 
     def dataset(self) -> tf.data.Dataset:
-        """The components of the elements, as tf.data sees them (stacked: unbatched already)."""
+        """The service dataset: its elements in their own structure, from ops tf.data can save."""
         types = [tf.bool, tf.int64, tf.int64, *self._types]
 
         def call(token: tf.Tensor, k: tf.Tensor):
