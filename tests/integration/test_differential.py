@@ -88,3 +88,34 @@ def test_ragged_elements_where_tensorflow_service_fails(ours):
     local = collections.Counter(tuple(r.numpy().tolist()) for r in make())
     got = collections.Counter(tuple(r.numpy().tolist()) for r in mine)
     assert got == collections.Counter({k: 2 * v for k, v in local.items()})
+
+
+def _outcome(call):
+    """What a user sees of a call: ("ok", result) or (exception type name, None)."""
+    try:
+        return "ok", call()
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e).__name__, None
+
+
+@pytest.mark.parametrize("compression", ["AUTO", None, "SNAPPY", "gzip", "snappy", 0])
+def test_compression_values_as_tensorflow(compression, tf_service, ours):
+    make = PIPELINES["nested_dict"]
+
+    def read(module, target):
+        return lambda: _multiset(make().apply(module.distribute("parallel_epochs", target, compression=compression)))
+
+    theirs = _outcome(read(tf.data.experimental.service, tf_service.target))
+    mine = _outcome(read(service, ours.target))
+    assert mine[0] == theirs[0], (mine, theirs)
+    assert mine[1] == theirs[1]
+
+
+@pytest.mark.parametrize("value", [None, 1, 5000, -1])
+def test_job_gc_timeout_values_as_tensorflow(value):
+    """TensorFlow's DispatcherConfig takes -1 as "never collect"; so does ours."""
+    theirs = _outcome(lambda: tf.data.experimental.service.DispatcherConfig(job_gc_timeout_ms=value))
+    mine = _outcome(lambda: service.DispatcherConfig(job_gc_timeout_ms=value))
+    assert mine[0] == theirs[0] == "ok"
+    if value is not None:
+        assert mine[1].job_gc_timeout_ms == theirs[1].job_gc_timeout_ms == value
