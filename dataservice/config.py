@@ -67,15 +67,21 @@ def _check_tls(config) -> None:
 DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp")
 
 
-# job_gc_timeout_ms: named iterations without clients are never ended (as TensorFlow's -1).
-NEVER_COLLECT = -1
+# A timeout of -1 means "never" where allowed: job_gc_timeout_ms (as TensorFlow's), never ending
+# named iterations without clients.
+NEVER = -1
 
 
-def _positive_or_default(name: str, value: Optional[int], default: int) -> int:
+def _positive_or_default(name: str, value: Optional[int], default: int, never: bool = False) -> int:
+    """`value` checked, or `default` for None. `never`: -1 is accepted too, meaning "never"."""
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+    valid_int = isinstance(value, int) and not isinstance(value, bool)
+    if never and valid_int and value == NEVER:
+        return value
+    if not valid_int or value <= 0:
+        also = ", or -1 for never" if never else ""
+        raise ValueError(f"{name} must be a positive number of milliseconds{also}, got {value!r}")
     return value
 
 
@@ -142,23 +148,14 @@ class DispatcherConfig:
                     f"worker_addresses must be a list of 'host:port' strings, got {self.worker_addresses!r}"
                 )
             object.__setattr__(self, "worker_addresses", addresses)
-        gc_timeout = self.job_gc_timeout_ms
-        if isinstance(gc_timeout, int) and not isinstance(gc_timeout, bool) and gc_timeout < 0:
-            if gc_timeout != NEVER_COLLECT:
-                raise ValueError(
-                    f"job_gc_timeout_ms must be a positive number of milliseconds, or -1 to keep unread "
-                    f"named iterations for good, got {gc_timeout!r}"
-                )
-            gc_timeouts: tuple = ()  # -1 stays
-        else:
-            gc_timeouts = (("job_gc_timeout_ms", DEFAULT_JOB_GC_TIMEOUT_MS),)
         for name, default in (
             ("job_gc_check_interval_ms", DEFAULT_JOB_GC_CHECK_INTERVAL_MS),
-            *gc_timeouts,
+            ("job_gc_timeout_ms", DEFAULT_JOB_GC_TIMEOUT_MS),
             ("worker_timeout_ms", DEFAULT_WORKER_TIMEOUT_MS),
             ("client_timeout_ms", DEFAULT_CLIENT_TIMEOUT_MS),
         ):
-            object.__setattr__(self, name, _positive_or_default(name, getattr(self, name), default))
+            never = name == "job_gc_timeout_ms"
+            object.__setattr__(self, name, _positive_or_default(name, getattr(self, name), default, never))
 
 
 @dataclasses.dataclass(frozen=True)

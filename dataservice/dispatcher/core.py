@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 import tensorflow as tf
 
 from dataservice import status
-from dataservice.config import NEVER_COLLECT, DispatcherConfig
+from dataservice.config import NEVER, DispatcherConfig
 from dataservice.dispatcher import resume, status_report
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
@@ -732,7 +732,7 @@ class DispatcherCore:
                 if iteration.client_ids or iteration.finished:
                     del self._idle_since[iteration_id]
                 elif (
-                    self._config.job_gc_timeout_ms != NEVER_COLLECT
+                    self._config.job_gc_timeout_ms != NEVER
                     and now - since > self._config.job_gc_timeout_ms / 1000
                 ):
                     log.info(
