@@ -421,18 +421,23 @@ class DispatcherCore:
                 )
                 for worker_address in self._state.alive_workers():
                     new_tasks.append(self._create_task(IterationId(iteration_id), worker_address))
-            client_id = ClientId(self._state.next_id("client"))
-            self._commit(
-                acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
-                    iteration_client_id=client_id, iteration_id=iteration_id
-                )
-            )
-            self._client_seen[client_id] = self._clock()
-            self._idle_since.pop(iteration_id, None)
+            client_id = self._acquire_client(IterationId(iteration_id))
             log.info("client joined", extra=ids(job_id=job.job_id, iteration_id=iteration_id, client_id=client_id))
         for task in new_tasks:
             self._notifier.process_task(task.worker_address, task)
         return dispatcher_pb2.GetOrCreateIterationResponse(iteration_client_id=client_id, iteration_id=iteration_id)
+
+    def _acquire_client(self, iteration_id: IterationId) -> ClientId:
+        """Journals a new client of the iteration, heard from now. Call with self._lock held."""
+        client_id = ClientId(self._state.next_id("client"))
+        self._commit(
+            acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
+                iteration_client_id=client_id, iteration_id=iteration_id
+            )
+        )
+        self._client_seen[client_id] = self._clock()
+        self._idle_since.pop(iteration_id, None)
+        return client_id
 
     def resume_iteration(self, request: dispatcher_pb2.ResumeIterationRequest):
         """A new iteration continuing the one a restored iterator had saved (see resume.py), and a
@@ -494,13 +499,7 @@ class DispatcherCore:
             self._copy_splits(saved_iteration, iteration_id)
             for plan in planned:
                 new_tasks.append(self._create_task(iteration_id, plan.worker_address, plan.skip_elements, plan.replay))
-            client_id = ClientId(self._state.next_id("client"))
-            self._commit(
-                acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
-                    iteration_client_id=client_id, iteration_id=iteration_id
-                )
-            )
-            self._client_seen[client_id] = self._clock()
+            client_id = self._acquire_client(iteration_id)
             log.info(
                 "iteration resumed from iteration %d (repetition %d, %d elements consumed)",
                 saved_iteration.iteration_id,
@@ -731,10 +730,7 @@ class DispatcherCore:
                 iteration = self._state.iteration(iteration_id)
                 if iteration.client_ids or iteration.finished:
                     del self._idle_since[iteration_id]
-                elif (
-                    self._config.job_gc_timeout_ms != NEVER
-                    and now - since > self._config.job_gc_timeout_ms / 1000
-                ):
+                elif self._config.job_gc_timeout_ms != NEVER and now - since > self._config.job_gc_timeout_ms / 1000:
                     log.info(
                         "iteration without clients for %.1f s: ended",
                         now - since,
