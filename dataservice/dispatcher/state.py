@@ -214,14 +214,12 @@ class DispatcherState:
 
     def _apply_produce_splits(self, u: journal_pb2.ProduceSplitsUpdate) -> None:
         iteration = self._iterations[u.iteration_id]
-        if u.replayed:
-            pass
-        elif u.from_pool:
+        if u.from_pool:
             pool = iteration.returned_splits[(u.split_group, u.repetition)]
             pool.remove((u.begin, u.end))
             if not pool:
                 del iteration.returned_splits[(u.split_group, u.repetition)]
-        else:
+        elif not u.replayed:  # a replayed range moves neither the pool nor the position
             iteration.split_positions[u.split_group] = (u.repetition, u.end)
         if u.task_id:
             key = (u.task_id, u.split_group, u.repetition, u.index)
