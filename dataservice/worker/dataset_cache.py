@@ -104,6 +104,13 @@ class DatasetCache:
         entry = self._entry(dataset_id)
         return entry.graph_def, entry.element_spec
 
+    def task_definition(self, dataset_id: str, repetition: int) -> DatasetDef:
+        """definition() for one task of repetition `repetition`: where the pipeline has seed
+        generators, a copy of the graph with its own (the graph as it is otherwise)."""
+        entry = self._entry(dataset_id)
+        graph_def = task_graph(entry.graph_def, repetition) if entry.seeded else entry.graph_def
+        return graph_def, entry.element_spec
+
     def codec(self, dataset_id: str) -> ElementCodec:
         return self._entry(dataset_id).codec
 
@@ -121,10 +128,9 @@ class DatasetCache:
     def task_dataset(self, dataset_id: str, repetition: int) -> tf.data.Dataset:
         """The whole pipeline for a task of repetition `repetition`: the shared dataset object,
         or, where the pipeline has seed generators, a copy of its own."""
-        entry = self._entry(dataset_id)
-        if not entry.seeded:
+        if not self._entry(dataset_id).seeded:
             return self.whole_dataset(dataset_id)
-        return graph_lib.dataset_from_graph(task_graph(entry.graph_def, repetition), entry.element_spec)
+        return graph_lib.dataset_from_graph(*self.task_definition(dataset_id, repetition))
 
     def whole_iterator(self, dataset_id: str, repetition: int = 0) -> ComponentIterator:
         """A fresh iterator of the whole pipeline: the prepared one if there is one and it fits

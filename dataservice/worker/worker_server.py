@@ -31,7 +31,7 @@ from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, tcp
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.worker import dataset_cache, streaming
+from dataservice.worker import streaming
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
 from dataservice.worker.element_iterator import ComponentIterator
 from dataservice.worker.grpc_servicer import WorkerServicer
@@ -290,9 +290,8 @@ class WorkerServer:
         codec = self._datasets.codec(task.dataset_id)
         keepalive = None
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
-            graph_def, element_spec = self._datasets.definition(task.dataset_id)
+            graph_def, element_spec = self._datasets.task_definition(task.dataset_id, task.repetition)
             sources = splits.find_sources(graph_lib.parse_graph(graph_def))
-            graph_def = dataset_cache.task_graph(graph_def, task.repetition)
             fetcher = SplitFetcher(self._dispatcher, task.iteration_id, task.task_id, sources)
             dataset, keepalive = splits.rebuild_with_splits(graph_def, element_spec, sources, fetcher.ranges)
         elif policy in sharding.STATIC_POLICIES:
