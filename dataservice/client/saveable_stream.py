@@ -253,21 +253,18 @@ class SaveableStream:
         return self._next(handle, slot)
 
     def _next(self, handle: int, slot: _Slot):
-        if self._stacked:
-            try:
-                chunk, parts = next(slot.chunks)
-            except StopIteration:
+        """The next chunk (stacked) or element, with the progress after it; the end once the reader's is."""
+        if self._stacked or slot.pending_index >= len(slot.pending_tasks):
+            taken = next(slot.chunks, None)
+            if taken is None:
                 self._discard(handle, slot)
                 return self._empty(np.zeros(0, np.int64), more=False)
-            for task_id, count in parts:
-                slot.handed[task_id] = slot.handed.get(task_id, 0) + count
-            return (True, *self._progress(handle, slot), *chunk)
-        if slot.pending is None or slot.pending_index >= len(slot.pending_tasks):
-            try:
-                slot.pending, parts = next(slot.chunks)
-            except StopIteration:
-                self._discard(handle, slot)
-                return self._empty(np.zeros(0, np.int64), more=False)
+            chunk, parts = taken
+            if self._stacked:
+                for task_id, count in parts:
+                    slot.handed[task_id] = slot.handed.get(task_id, 0) + count
+                return (True, *self._progress(handle, slot), *chunk)
+            slot.pending = chunk
             slot.pending_tasks = [task_id for task_id, count in parts for _ in range(count)]
             slot.pending_index = 0
         i = slot.pending_index
@@ -309,8 +306,3 @@ class SaveableStream:
             else:
                 components.append(np.zeros(dims, dtype.as_numpy_dtype))
         return (more, tasks, np.zeros(0, np.int64), *components)
-
-    def open_readers(self) -> int:
-        """Readers open in this process (for tests)."""
-        with self._lock:
-            return sum(1 for slot in self._slots.values() if slot.reader is not None and not slot.closed)
