@@ -4,6 +4,7 @@ A drop-in for tf.data.experimental.service: `import dataservice as service`.
 """
 
 from dataservice.client.api import distribute, from_dataset_id, register_dataset
+from dataservice.client.distributed_save import distributed_save
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher.dispatch_server import DispatchServer
 from dataservice.modes import ShardingPolicy
@@ -22,6 +23,7 @@ __all__ = [
     "WorkerConfig",
     "WorkerServer",
     "distribute",
+    "distributed_save",
     "distributed_iterator",
     "dtensor_batches",
     "estimate_input_impact",

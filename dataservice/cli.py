@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls_key_file", help="grpc+tls: the server's PEM key")
     parser.add_argument("--tls_ca_file", help="grpc+tls: require client certificates signed by this CA (mutual TLS)")
     parser.add_argument("--max_graph_bytes", type=int, help="dispatcher: the largest dataset graph it registers")
+    parser.add_argument(
+        "--worker_max_concurrent_snapshots",
+        type=int,
+        help="dispatcher: how many distributed_save snapshots a worker writes at once (0: all)",
+    )
     parser.add_argument("--auth_token_file", help="file holding the token every RPC must carry (rpc/auth.py)")
     parser.add_argument(
         "--allow_unsafe_ops",

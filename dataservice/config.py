@@ -111,6 +111,8 @@ class DispatcherConfig:
       None (the default): no token is required.
     max_graph_bytes: the largest dataset graph the dispatcher registers (a pipeline
       that embeds its data, from_tensor_slices of an array, is that large).
+    worker_max_concurrent_snapshots: how many distributed_save snapshots one worker
+      writes chunks of at once (one chunk of each); 0 (the default): all of them.
     """
 
     port: int = 0
@@ -129,6 +131,7 @@ class DispatcherConfig:
     tls_key_file: Optional[str] = None
     tls_ca_file: Optional[str] = None
     max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
+    worker_max_concurrent_snapshots: int = 0
 
     def __post_init__(self) -> None:
         _check_port(self.port)
@@ -139,6 +142,11 @@ class DispatcherConfig:
         _check_monitoring_port(self.monitoring_port)
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         _check_token_file(self.auth_token_file)
+        limit = self.worker_max_concurrent_snapshots
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(
+                f"worker_max_concurrent_snapshots must be a non-negative integer (0: no limit), got {limit!r}"
+            )
         if self.fault_tolerant_mode and not self.work_dir:
             raise ValueError("fault_tolerant_mode=True needs a work_dir: the dispatcher journals its state there")
         if self.worker_addresses is not None:

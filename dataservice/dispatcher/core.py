@@ -30,6 +30,7 @@ from dataservice.dispatcher import resume, status_report
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
 from dataservice.dispatcher.load import LoadTracker
+from dataservice.dispatcher.snapshots import SnapshotCoordinator
 from dataservice.dispatcher.state import (
     ClientId,
     DatasetId,
@@ -127,6 +128,16 @@ class DispatcherCore:
         # Clients' and workers' rates, for metrics and the worker recommendation.
         self._load = LoadTracker()
         self._started = now
+        self._snapshots = SnapshotCoordinator(
+            self._state,
+            self._commit,
+            self._lock,
+            self._datasets,
+            config.fault_tolerant_mode,
+            config.worker_max_concurrent_snapshots,
+            self._where(),
+        )
+        self._snapshots.repair_files()
 
     # ---- reading the state ---------------------------------------------------
 
@@ -151,7 +162,9 @@ class DispatcherCore:
                 uptime_s=now - self._started,
                 journal_appends=self._journal.appended if self._journal is not None else 0,
             )
-            return status_report.build(self._state, self._load, info, self._worker_seen, self._client_seen, now)
+            report = status_report.build(self._state, self._load, info, self._worker_seen, self._client_seen, now)
+            report["snapshots"] = self._snapshots.status()
+            return report
 
     def get_status(self, request: dispatcher_pb2.GetStatusRequest) -> dispatcher_pb2.GetStatusResponse:
         return dispatcher_pb2.GetStatusResponse(status_json=json.dumps(self.status()))
@@ -721,6 +734,7 @@ class DispatcherCore:
                     self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
                     del self._worker_seen[address]
                     self._load.forget_worker(address)
+                    self._snapshots.assignments.forget_worker(address)
             for client_id, seen in list(self._client_seen.items()):
                 timed_out = now - seen > self._config.client_timeout_ms / 1000
                 if timed_out and self._state.iteration_of_client(client_id) is not None:
@@ -762,6 +776,7 @@ class DispatcherCore:
                 log.warning("worker restarted: tasks %s of its previous process lost", lost, extra=ids(worker=address))
                 self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
                 self._load.forget_worker(address)
+                self._snapshots.assignments.forget_worker(address)
                 known = self._state.worker(address)
             if known is None or not known.alive or (uid and not known.uid):
                 # New, back after it was lost, or (journaled before uids were) learning its uid.
@@ -779,9 +794,12 @@ class DispatcherCore:
             self._record_task_loads(address, request.task_loads)
             active = {t.task_id: t for t in self._state.active_tasks_of_worker(address)}
             current = set(request.current_tasks)
+            chunks, chunks_to_drop = self._snapshots.heartbeat(address, request.current_snapshot_chunks)
             return dispatcher_pb2.WorkerHeartbeatResponse(
                 new_tasks=[self._task_def(t) for tid, t in sorted(active.items()) if tid not in current],
                 tasks_to_delete=sorted(current - set(active)),
+                snapshot_chunks=chunks,
+                snapshot_chunks_to_drop=chunks_to_drop,
             )
 
     def _record_task_loads(self, address: WorkerAddress, loads) -> None:
@@ -829,6 +847,14 @@ class DispatcherCore:
                     self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
                     self._log_task_finished(task)
         return dispatcher_pb2.WorkerUpdateResponse()
+
+    # ---- distributed_save ------------------------------------------------------------
+
+    def snapshot(self, request: dispatcher_pb2.SnapshotRequest) -> dispatcher_pb2.SnapshotResponse:
+        return self._snapshots.start(request)
+
+    def commit_snapshot_chunk(self, request: dispatcher_pb2.CommitSnapshotChunkRequest):
+        return self._snapshots.commit(request)
 
     # ---- distributed_epoch splits --------------------------------------------------
 

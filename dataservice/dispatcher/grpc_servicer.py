@@ -88,3 +88,11 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     @errors.handler
     def GetStatus(self, request, context):
         return self._core.get_status(request)
+
+    @errors.handler
+    def Snapshot(self, request, context):
+        return self._core.snapshot(request)
+
+    @errors.handler
+    def CommitSnapshotChunk(self, request, context):
+        return self._core.commit_snapshot_chunk(request)

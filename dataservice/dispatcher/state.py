@@ -109,8 +109,29 @@ class Task:
     received: Dict[Tuple[int, int, int], Tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass
+class Snapshot:
+    """A distributed_save: the chunks of the dataset's splits, which are committed, and how it ended."""
+
+    path: str
+    dataset_id: DatasetId
+    compression: str
+    group_sizes: List[int]
+    num_chunks: int
+    # chunk index -> (elements, the worker's file it was renamed from)
+    committed: Dict[int, Tuple[int, str]] = dataclasses.field(default_factory=dict)
+    finished: bool = False
+    # A failed save: the pipeline's status code and message (0: none).
+    error_code: int = 0
+    error_message: str = ""
+
+    @property
+    def elements(self) -> int:
+        return sum(n for n, _ in self.committed.values())
+
+
 class DispatcherState:
-    """Datasets, workers, jobs, iterations, tasks and iteration clients."""
+    """Datasets, workers, jobs, iterations, tasks, iteration clients and distributed_save snapshots."""
 
     def __init__(self) -> None:
         self._datasets: Dict[DatasetId, Dataset] = {}
@@ -122,6 +143,8 @@ class DispatcherState:
         self._tasks: Dict[TaskId, Task] = {}
         self._tasks_by_worker: Dict[WorkerAddress, List[TaskId]] = {}
         self._iteration_clients: Dict[ClientId, IterationId] = {}
+        # path -> snapshot, in the order they started
+        self._snapshots: Dict[str, Snapshot] = {}
         self._next_ids = {"dataset": 1, "job": 1, "iteration": 1, "task": 1, "client": 1}
 
     @classmethod
@@ -270,6 +293,20 @@ class DispatcherState:
     def _apply_reserve_ids(self, u: journal_pb2.ReserveIdsUpdate) -> None:
         for kind in self._next_ids:
             self._next_ids[kind] = max(self._next_ids[kind], getattr(u, f"next_{kind}_id"))
+
+    def _apply_start_snapshot(self, u: journal_pb2.StartSnapshotUpdate) -> None:
+        self._snapshots[u.path] = Snapshot(
+            u.path, DatasetId(u.dataset_id), u.compression, list(u.group_sizes), u.num_chunks
+        )
+
+    def _apply_commit_snapshot_chunk(self, u: journal_pb2.CommitSnapshotChunkUpdate) -> None:
+        self._snapshots[u.path].committed[u.chunk_index] = (u.num_records, u.uncommitted_file)
+
+    def _apply_finish_snapshot(self, u: journal_pb2.FinishSnapshotUpdate) -> None:
+        snapshot = self._snapshots[u.path]
+        snapshot.finished = True
+        snapshot.error_code = u.error_code
+        snapshot.error_message = u.error_message
 
     def _bump(self, kind: str, used_id: int) -> None:
         self._next_ids[kind] = max(self._next_ids[kind], used_id + 1)
@@ -434,6 +471,34 @@ class DispatcherState:
         for it in iterations:
             if it.finished:
                 out.append(U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=it.iteration_id)))
+        for snapshot in self._snapshots.values():
+            out.append(
+                U(
+                    start_snapshot=journal_pb2.StartSnapshotUpdate(
+                        path=snapshot.path,
+                        dataset_id=snapshot.dataset_id,
+                        compression=snapshot.compression,
+                        group_sizes=snapshot.group_sizes,
+                        num_chunks=snapshot.num_chunks,
+                    )
+                )
+            )
+            for index, (records, uncommitted) in sorted(snapshot.committed.items()):
+                out.append(
+                    U(
+                        commit_snapshot_chunk=journal_pb2.CommitSnapshotChunkUpdate(
+                            path=snapshot.path, chunk_index=index, num_records=records, uncommitted_file=uncommitted
+                        )
+                    )
+                )
+            if snapshot.finished:
+                out.append(
+                    U(
+                        finish_snapshot=journal_pb2.FinishSnapshotUpdate(
+                            path=snapshot.path, error_code=snapshot.error_code, error_message=snapshot.error_message
+                        )
+                    )
+                )
         out.append(
             U(
                 reserve_ids=journal_pb2.ReserveIdsUpdate(
@@ -464,6 +529,13 @@ class DispatcherState:
 
     def datasets(self) -> List[Dataset]:
         return list(self._datasets.values())
+
+    def snapshot(self, path: str) -> Optional[Snapshot]:
+        return self._snapshots.get(path)
+
+    def snapshots(self) -> List[Snapshot]:
+        """Every distributed_save, in the order they started."""
+        return list(self._snapshots.values())
 
     def worker(self, address: str) -> Optional[Worker]:
         return self._workers.get(WorkerAddress(address))
@@ -570,6 +642,8 @@ class DispatcherState:
                 not t.finished and not self._iterations[t.iteration_id].finished for t in self._tasks.values()
             ),
             "iteration_clients": len(self._iteration_clients),
+            "snapshots": len(self._snapshots),
+            "unfinished_snapshots": sum(not s.finished for s in self._snapshots.values()),
         }
 
     # ---- invariants --------------------------------------------------------
@@ -689,6 +763,20 @@ class DispatcherState:
                 f"task {task.task_id} is not indexed under its worker {task.worker_address}",
             )
             check(task.finished or not task.lost, f"task {task.task_id} is lost but not finished")
+        for snapshot in self._snapshots.values():
+            check(
+                snapshot.dataset_id in self._datasets,
+                f"snapshot {snapshot.path}: its dataset {snapshot.dataset_id!r} is not registered",
+            )
+            check(
+                all(0 <= index < snapshot.num_chunks for index in snapshot.committed),
+                f"snapshot {snapshot.path}: a committed chunk is outside [0, {snapshot.num_chunks})",
+            )
+            complete = len(snapshot.committed) == snapshot.num_chunks
+            check(
+                not snapshot.finished or snapshot.error_code or complete,
+                f"snapshot {snapshot.path} finished without error with chunks uncommitted",
+            )
         for address, task_ids in self._tasks_by_worker.items():
             check(address in self._workers, f"tasks indexed under unknown worker {address}")
             for task_id in task_ids:
@@ -715,6 +803,9 @@ _APPLY: Dict[str, Callable[[DispatcherState, Any], None]] = {
     "remove_worker": DispatcherState._apply_remove_worker,
     "extend_rounds": DispatcherState._apply_extend_rounds,
     "reserve_ids": DispatcherState._apply_reserve_ids,
+    "start_snapshot": DispatcherState._apply_start_snapshot,
+    "commit_snapshot_chunk": DispatcherState._apply_commit_snapshot_chunk,
+    "finish_snapshot": DispatcherState._apply_finish_snapshot,
 }
 
 

@@ -211,6 +211,7 @@ class DispatcherClient:
         timeout_s: float,
         worker_uid: int = 0,
         task_loads: Sequence[dispatcher_pb2.TaskLoad] = (),
+        snapshot_chunks: Sequence[Tuple[str, int]] = (),
     ) -> dispatcher_pb2.WorkerHeartbeatResponse:
         request = dispatcher_pb2.WorkerHeartbeatRequest(
             worker_address=worker_address,
@@ -218,6 +219,9 @@ class DispatcherClient:
             current_tasks=current_tasks,
             worker_uid=worker_uid,
             task_loads=task_loads,
+            current_snapshot_chunks=[
+                dispatcher_pb2.SnapshotChunkRef(path=path, chunk_index=index) for path, index in snapshot_chunks
+            ],
         )
         what = f"worker {worker_address} heartbeat"
         return self._call(self._stub.WorkerHeartbeat, request, what, timeout_s=timeout_s, rpc_timeout_s=10.0)
@@ -225,6 +229,17 @@ class DispatcherClient:
     def worker_update(self, worker_address: str, finished_tasks: Sequence[int], timeout_s: float) -> None:
         request = dispatcher_pb2.WorkerUpdateRequest(worker_address=worker_address, finished_tasks=finished_tasks)
         self._call(self._stub.WorkerUpdate, request, f"worker {worker_address} task update", timeout_s=timeout_s)
+
+    def commit_snapshot_chunk(
+        self, request: dispatcher_pb2.CommitSnapshotChunkRequest
+    ) -> dispatcher_pb2.CommitSnapshotChunkResponse:
+        what = f"committing chunk {request.chunk_index} of snapshot {request.path}"
+        return self._call(self._stub.CommitSnapshotChunk, request, what)
+
+    def snapshot(self, dataset_id: str, path: str, metadata: bytes) -> None:
+        """Starts a distributed_save of the dataset to `path`."""
+        request = dispatcher_pb2.SnapshotRequest(dataset_id=dataset_id, path=path, metadata=metadata)
+        self._call(self._stub.Snapshot, request, f"starting a snapshot at {path}")
 
     def get_status(self) -> dict:
         """The dispatcher's status document (what /status.json serves)."""

@@ -125,3 +125,27 @@ class ElementChunk(_message.Message):
     num_elements: int
     components: _containers.RepeatedCompositeFieldContainer[TensorData]
     def __init__(self, num_elements: _Optional[int] = ..., components: _Optional[_Iterable[_Union[TensorData, _Mapping]]] = ...) -> None: ...
+
+class SnapshotChunkDef(_message.Message):
+    __slots__ = ("path", "dataset_id", "chunk_index", "ranges", "compression")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    dataset_id: str
+    chunk_index: int
+    ranges: _containers.RepeatedCompositeFieldContainer[SnapshotRange]
+    compression: str
+    def __init__(self, path: _Optional[str] = ..., dataset_id: _Optional[str] = ..., chunk_index: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[SnapshotRange, _Mapping]]] = ..., compression: _Optional[str] = ...) -> None: ...
+
+class SnapshotRange(_message.Message):
+    __slots__ = ("split_group", "begin", "end")
+    SPLIT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    split_group: int
+    begin: int
+    end: int
+    def __init__(self, split_group: _Optional[int] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...

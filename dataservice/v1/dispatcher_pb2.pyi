@@ -170,18 +170,28 @@ class GetWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerHeartbeatRequest(_message.Message):
-    __slots__ = ("worker_address", "transfer_address", "current_tasks", "worker_uid", "task_loads")
+    __slots__ = ("worker_address", "transfer_address", "current_tasks", "worker_uid", "task_loads", "current_snapshot_chunks")
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TASKS_FIELD_NUMBER: _ClassVar[int]
     WORKER_UID_FIELD_NUMBER: _ClassVar[int]
     TASK_LOADS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_SNAPSHOT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     worker_address: str
     transfer_address: str
     current_tasks: _containers.RepeatedScalarFieldContainer[int]
     worker_uid: int
     task_loads: _containers.RepeatedCompositeFieldContainer[TaskLoad]
-    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ..., worker_uid: _Optional[int] = ..., task_loads: _Optional[_Iterable[_Union[TaskLoad, _Mapping]]] = ...) -> None: ...
+    current_snapshot_chunks: _containers.RepeatedCompositeFieldContainer[SnapshotChunkRef]
+    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ..., worker_uid: _Optional[int] = ..., task_loads: _Optional[_Iterable[_Union[TaskLoad, _Mapping]]] = ..., current_snapshot_chunks: _Optional[_Iterable[_Union[SnapshotChunkRef, _Mapping]]] = ...) -> None: ...
+
+class SnapshotChunkRef(_message.Message):
+    __slots__ = ("path", "chunk_index")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    chunk_index: int
+    def __init__(self, path: _Optional[str] = ..., chunk_index: _Optional[int] = ...) -> None: ...
 
 class TaskLoad(_message.Message):
     __slots__ = ("task_id", "elements_produced", "bytes_produced", "processing_seconds")
@@ -196,12 +206,16 @@ class TaskLoad(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., elements_produced: _Optional[int] = ..., bytes_produced: _Optional[int] = ..., processing_seconds: _Optional[float] = ...) -> None: ...
 
 class WorkerHeartbeatResponse(_message.Message):
-    __slots__ = ("new_tasks", "tasks_to_delete")
+    __slots__ = ("new_tasks", "tasks_to_delete", "snapshot_chunks", "snapshot_chunks_to_drop")
     NEW_TASKS_FIELD_NUMBER: _ClassVar[int]
     TASKS_TO_DELETE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_CHUNKS_TO_DROP_FIELD_NUMBER: _ClassVar[int]
     new_tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskDef]
     tasks_to_delete: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, new_tasks: _Optional[_Iterable[_Union[_common_pb2.TaskDef, _Mapping]]] = ..., tasks_to_delete: _Optional[_Iterable[int]] = ...) -> None: ...
+    snapshot_chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.SnapshotChunkDef]
+    snapshot_chunks_to_drop: _containers.RepeatedCompositeFieldContainer[SnapshotChunkRef]
+    def __init__(self, new_tasks: _Optional[_Iterable[_Union[_common_pb2.TaskDef, _Mapping]]] = ..., tasks_to_delete: _Optional[_Iterable[int]] = ..., snapshot_chunks: _Optional[_Iterable[_Union[_common_pb2.SnapshotChunkDef, _Mapping]]] = ..., snapshot_chunks_to_drop: _Optional[_Iterable[_Union[SnapshotChunkRef, _Mapping]]] = ...) -> None: ...
 
 class WorkerUpdateRequest(_message.Message):
     __slots__ = ("worker_address", "finished_tasks")
@@ -264,3 +278,43 @@ class GetStatusResponse(_message.Message):
     STATUS_JSON_FIELD_NUMBER: _ClassVar[int]
     status_json: str
     def __init__(self, status_json: _Optional[str] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("dataset_id", "path", "metadata")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    path: str
+    metadata: bytes
+    def __init__(self, dataset_id: _Optional[str] = ..., path: _Optional[str] = ..., metadata: _Optional[bytes] = ...) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CommitSnapshotChunkRequest(_message.Message):
+    __slots__ = ("worker_address", "path", "chunk_index", "uncommitted_file", "num_records", "error_code", "error_message")
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    UNCOMMITTED_FILE_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    worker_address: str
+    path: str
+    chunk_index: int
+    uncommitted_file: str
+    num_records: int
+    error_code: int
+    error_message: str
+    def __init__(self, worker_address: _Optional[str] = ..., path: _Optional[str] = ..., chunk_index: _Optional[int] = ..., uncommitted_file: _Optional[str] = ..., num_records: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class CommitSnapshotChunkResponse(_message.Message):
+    __slots__ = ("committed", "next_chunks")
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    committed: bool
+    next_chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.SnapshotChunkDef]
+    def __init__(self, committed: _Optional[bool] = ..., next_chunks: _Optional[_Iterable[_Union[_common_pb2.SnapshotChunkDef, _Mapping]]] = ...) -> None: ...

@@ -104,6 +104,16 @@ class DispatcherServiceStub:
                 request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_unary(
+                '/dataservice.v1.DispatcherService/Snapshot',
+                request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.SnapshotResponse.FromString,
+                _registered_method=True)
+        self.CommitSnapshotChunk = channel.unary_unary(
+                '/dataservice.v1.DispatcherService/CommitSnapshotChunk',
+                request_serializer=dataservice_dot_v1_dot_dispatcher__pb2.CommitSnapshotChunkRequest.SerializeToString,
+                response_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.CommitSnapshotChunkResponse.FromString,
+                _registered_method=True)
 
 
 class DispatcherServiceServicer:
@@ -198,6 +208,21 @@ class DispatcherServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshot(self, request, context):
+        """distributed_save: starts writing a registered dataset to a directory (returns at once).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitSnapshotChunk(self, request, context):
+        """A worker wrote a snapshot chunk (or failed to): the dispatcher commits the first write of
+        each chunk and discards any other.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -270,6 +295,16 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.GetStatusRequest.FromString,
                     response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.SnapshotRequest.FromString,
+                    response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.SnapshotResponse.SerializeToString,
+            ),
+            'CommitSnapshotChunk': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitSnapshotChunk,
+                    request_deserializer=dataservice_dot_v1_dot_dispatcher__pb2.CommitSnapshotChunkRequest.FromString,
+                    response_serializer=dataservice_dot_v1_dot_dispatcher__pb2.CommitSnapshotChunkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -650,6 +685,60 @@ class DispatcherService:
             '/dataservice.v1.DispatcherService/GetStatus',
             dataservice_dot_v1_dot_dispatcher__pb2.GetStatusRequest.SerializeToString,
             dataservice_dot_v1_dot_dispatcher__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.v1.DispatcherService/Snapshot',
+            dataservice_dot_v1_dot_dispatcher__pb2.SnapshotRequest.SerializeToString,
+            dataservice_dot_v1_dot_dispatcher__pb2.SnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitSnapshotChunk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.v1.DispatcherService/CommitSnapshotChunk',
+            dataservice_dot_v1_dot_dispatcher__pb2.CommitSnapshotChunkRequest.SerializeToString,
+            dataservice_dot_v1_dot_dispatcher__pb2.CommitSnapshotChunkResponse.FromString,
             options,
             channel_credentials,
             insecure,

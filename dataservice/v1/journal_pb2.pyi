@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Update(_message.Message):
-    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids", "start_splits", "return_splits", "remove_worker", "extend_rounds")
+    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids", "start_splits", "return_splits", "remove_worker", "extend_rounds", "start_snapshot", "commit_snapshot_chunk", "finish_snapshot")
     REGISTER_DATASET_FIELD_NUMBER: _ClassVar[int]
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     CREATE_JOB_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,9 @@ class Update(_message.Message):
     RETURN_SPLITS_FIELD_NUMBER: _ClassVar[int]
     REMOVE_WORKER_FIELD_NUMBER: _ClassVar[int]
     EXTEND_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    START_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SNAPSHOT_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    FINISH_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     register_dataset: RegisterDatasetUpdate
     register_worker: RegisterWorkerUpdate
     create_job: CreateJobUpdate
@@ -39,7 +42,10 @@ class Update(_message.Message):
     return_splits: ReturnSplitsUpdate
     remove_worker: RemoveWorkerUpdate
     extend_rounds: ExtendRoundsUpdate
-    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ..., start_splits: _Optional[_Union[StartSplitsUpdate, _Mapping]] = ..., return_splits: _Optional[_Union[ReturnSplitsUpdate, _Mapping]] = ..., remove_worker: _Optional[_Union[RemoveWorkerUpdate, _Mapping]] = ..., extend_rounds: _Optional[_Union[ExtendRoundsUpdate, _Mapping]] = ...) -> None: ...
+    start_snapshot: StartSnapshotUpdate
+    commit_snapshot_chunk: CommitSnapshotChunkUpdate
+    finish_snapshot: FinishSnapshotUpdate
+    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ..., start_splits: _Optional[_Union[StartSplitsUpdate, _Mapping]] = ..., return_splits: _Optional[_Union[ReturnSplitsUpdate, _Mapping]] = ..., remove_worker: _Optional[_Union[RemoveWorkerUpdate, _Mapping]] = ..., extend_rounds: _Optional[_Union[ExtendRoundsUpdate, _Mapping]] = ..., start_snapshot: _Optional[_Union[StartSnapshotUpdate, _Mapping]] = ..., commit_snapshot_chunk: _Optional[_Union[CommitSnapshotChunkUpdate, _Mapping]] = ..., finish_snapshot: _Optional[_Union[FinishSnapshotUpdate, _Mapping]] = ...) -> None: ...
 
 class RegisterDatasetUpdate(_message.Message):
     __slots__ = ("dataset_id", "fingerprint", "metadata")
@@ -224,3 +230,39 @@ class ExtendRoundsUpdate(_message.Message):
     iteration_id: int
     round_limit: int
     def __init__(self, iteration_id: _Optional[int] = ..., round_limit: _Optional[int] = ...) -> None: ...
+
+class StartSnapshotUpdate(_message.Message):
+    __slots__ = ("path", "dataset_id", "compression", "group_sizes", "num_chunks")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZES_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    dataset_id: str
+    compression: str
+    group_sizes: _containers.RepeatedScalarFieldContainer[int]
+    num_chunks: int
+    def __init__(self, path: _Optional[str] = ..., dataset_id: _Optional[str] = ..., compression: _Optional[str] = ..., group_sizes: _Optional[_Iterable[int]] = ..., num_chunks: _Optional[int] = ...) -> None: ...
+
+class CommitSnapshotChunkUpdate(_message.Message):
+    __slots__ = ("path", "chunk_index", "num_records", "uncommitted_file")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    UNCOMMITTED_FILE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    chunk_index: int
+    num_records: int
+    uncommitted_file: str
+    def __init__(self, path: _Optional[str] = ..., chunk_index: _Optional[int] = ..., num_records: _Optional[int] = ..., uncommitted_file: _Optional[str] = ...) -> None: ...
+
+class FinishSnapshotUpdate(_message.Message):
+    __slots__ = ("path", "error_code", "error_message")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    error_code: int
+    error_message: str
+    def __init__(self, path: _Optional[str] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...

@@ -36,6 +36,7 @@ from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
 from dataservice.worker.element_iterator import ComponentIterator
 from dataservice.worker.grpc_servicer import WorkerServicer
 from dataservice.worker.round_robin import RoundRobinServer
+from dataservice.worker.snapshot_writer import SnapshotWriters
 from dataservice.worker.split_fetcher import SplitFetcher
 from dataservice.worker.task_book import TaskBook
 from dataservice.worker.task_runner import ProductionTotals, TaskRunner
@@ -98,6 +99,7 @@ class WorkerServer:
             tls=security.as_client(),
         )
         self._datasets = DatasetCache(self._fetch_dataset_def)
+        self._snapshot_writers = SnapshotWriters(self.address, self._uid, self._dispatcher, self._datasets)
         self._stopped = threading.Event()
         self._heartbeat_thread: Optional[threading.Thread] = None
         if start:
@@ -135,6 +137,7 @@ class WorkerServer:
         self._heartbeat_now.set()
         for runner in self._tasks.close():
             runner.stop()
+        self._snapshot_writers.stop()
         self._datasets.stop()
         if self._tcp is not None:
             self._tcp.stop()
@@ -194,11 +197,17 @@ class WorkerServer:
                 )
                 for runner in self._tasks.runners()
             ],
+            snapshot_chunks=self._snapshot_writers.current(),
         )
         for task in response.new_tasks:
             self.start_task(task)
         for task_id in response.tasks_to_delete:
             self._delete_task(task_id)
+        if not self._stopped.is_set():
+            for chunk in response.snapshot_chunks:
+                self._snapshot_writers.start(chunk)
+        for ref in response.snapshot_chunks_to_drop:
+            self._snapshot_writers.drop(ref.path, ref.chunk_index)
 
     def report_finished(self, task_id: int) -> None:
         """Tells the dispatcher that every element of the task was handed out.

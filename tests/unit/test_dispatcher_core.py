@@ -69,9 +69,12 @@ def register(core: DispatcherCore, dataset: tf.data.Dataset, prepare_workers: bo
     return core.register_dataset(request).dataset_id
 
 
-def heartbeat(core: DispatcherCore, worker: str, current: Tuple[int, ...] = (), uid: int = 0):
+def heartbeat(core: DispatcherCore, worker: str, current: Tuple[int, ...] = (), uid: int = 0, snapshot_chunks=()):
+    chunks = [dispatcher_pb2.SnapshotChunkRef(path=path, chunk_index=index) for path, index in snapshot_chunks]
     return core.worker_heartbeat(
-        dispatcher_pb2.WorkerHeartbeatRequest(worker_address=worker, current_tasks=current, worker_uid=uid)
+        dispatcher_pb2.WorkerHeartbeatRequest(
+            worker_address=worker, current_tasks=current, worker_uid=uid, current_snapshot_chunks=chunks
+        )
     )
 
 

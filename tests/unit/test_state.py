@@ -83,9 +83,40 @@ def random_updates(rng: random.Random, length: int):
     tasks_on = {"w1:1": [1], "w2:1": [2]}
     iteration_of = {1: 1, 2: 1}
     lost_tasks = set()
+    snapshots = {}  # path -> (chunks, finished)
     for _ in range(length):
         choice = rng.random()
-        if choice < 0.2:
+        if choice < 0.04:
+            path = f"/snapshots/{len(snapshots)}"
+            chunks = rng.randrange(0, 6)
+            snapshots[path] = [chunks, False]
+            updates.append(
+                U(
+                    start_snapshot=journal_pb2.StartSnapshotUpdate(
+                        path=path, dataset_id="1", compression="SNAPPY", group_sizes=[chunks * 10], num_chunks=chunks
+                    )
+                )
+            )
+        elif choice < 0.08 and snapshots:
+            path = rng.choice(sorted(snapshots))
+            chunks, finished = snapshots[path]
+            if chunks and not finished:
+                updates.append(
+                    U(
+                        commit_snapshot_chunk=journal_pb2.CommitSnapshotChunkUpdate(
+                            path=path,
+                            chunk_index=rng.randrange(chunks),
+                            num_records=rng.randrange(50),
+                            uncommitted_file="f",
+                        )
+                    )
+                )
+            elif not finished:
+                snapshots[path][1] = True
+                updates.append(
+                    U(finish_snapshot=journal_pb2.FinishSnapshotUpdate(path=path, error_code=rng.choice([0, 3])))
+                )
+        elif choice < 0.2:
             updates.append(
                 U(
                     create_iteration=journal_pb2.CreateIterationUpdate(

@@ -1,0 +1,335 @@
+"""distributed_save on the dispatcher: which worker writes which chunk of which snapshot.
+
+The snapshots and their committed chunks are journaled state (DispatcherState); which worker
+is writing a chunk is not: after a restart, workers report the chunks they are writing and
+keep them, and any other uncommitted chunk is handed out again. Two writes of one chunk
+(a worker thought lost, a restart) are harmless: the dispatcher commits the first to report
+and deletes the others (core.commit_snapshot_chunk).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import snapshot_pb2
+
+from dataservice import status
+from dataservice.dispatcher.dataset_store import DatasetStore
+from dataservice.dispatcher.state import DispatcherState, Snapshot
+from dataservice.monitoring.logs import ids
+from dataservice.pipeline import graph as graph_lib
+from dataservice.pipeline import splits
+from dataservice.snapshot import layout
+from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
+
+log = logging.getLogger(__name__)
+
+ChunkKey = Tuple[str, int]  # (snapshot path, chunk index)
+
+
+@dataclasses.dataclass
+class ChunkAssignments:
+    """Chunks being written, by worker. `max_snapshots_per_worker`: how many snapshots one worker
+    writes chunks of at once (one chunk each); 0: no limit."""
+
+    max_snapshots_per_worker: int = 0
+    _writer: Dict[ChunkKey, str] = dataclasses.field(default_factory=dict)
+    _by_worker: Dict[str, Set[ChunkKey]] = dataclasses.field(default_factory=dict)
+
+    def of_worker(self, worker: str) -> Set[ChunkKey]:
+        return set(self._by_worker.get(worker, ()))
+
+    def writer(self, key: ChunkKey) -> Optional[str]:
+        return self._writer.get(key)
+
+    def assign(self, key: ChunkKey, worker: str) -> None:
+        self.release(key)
+        self._writer[key] = worker
+        self._by_worker.setdefault(worker, set()).add(key)
+
+    def release(self, key: ChunkKey) -> None:
+        worker = self._writer.pop(key, None)
+        if worker is not None:
+            self._by_worker[worker].discard(key)
+
+    def forget_worker(self, worker: str) -> None:
+        """A lost worker's chunks are handed out again."""
+        for key in self._by_worker.pop(worker, set()):
+            self._writer.pop(key, None)
+
+    def adopt(self, worker: str, reported: Iterable[ChunkKey], snapshots: Dict[str, Snapshot]) -> List[ChunkKey]:
+        """Takes in the chunks a worker reports writing (after a restart, the dispatcher does not
+        know them); returns those it should drop: committed, of a finished or unknown
+        snapshot, or being written by another worker."""
+        drop = []
+        for key in reported:
+            snapshot = snapshots.get(key[0])
+            owner = self._writer.get(key)
+            if snapshot is None or snapshot.finished or key[1] in snapshot.committed or owner not in (None, worker):
+                drop.append(key)
+            elif owner is None:
+                self.assign(key, worker)
+        return drop
+
+    def hand_out(self, worker: str, snapshots: Iterable[Snapshot]) -> List[ChunkKey]:
+        """New chunks for `worker`: one of each unfinished snapshot it writes no chunk of, the
+        oldest snapshots first, up to max_snapshots_per_worker snapshots."""
+        held = {path for path, _ in self._by_worker.get(worker, ())}
+        new = []
+        for snapshot in snapshots:
+            limit = self.max_snapshots_per_worker
+            if limit and len(held) >= limit:
+                break
+            if snapshot.finished or snapshot.path in held:
+                continue
+            index = self._next_unwritten(snapshot)
+            if index is not None:
+                self.assign((snapshot.path, index), worker)
+                held.add(snapshot.path)
+                new.append((snapshot.path, index))
+        return new
+
+    def _next_unwritten(self, snapshot: Snapshot) -> Optional[int]:
+        for index in range(snapshot.num_chunks):
+            if index not in snapshot.committed and (snapshot.path, index) not in self._writer:
+                return index
+        return None
+
+
+def chunk_def(snapshot: Snapshot, index: int) -> common_pb2.SnapshotChunkDef:
+    return common_pb2.SnapshotChunkDef(
+        path=snapshot.path,
+        dataset_id=snapshot.dataset_id,
+        chunk_index=index,
+        compression=snapshot.compression,
+        ranges=[
+            common_pb2.SnapshotRange(split_group=group, begin=begin, end=end)
+            for group, begin, end in layout.chunk_ranges(snapshot.group_sizes, snapshot.num_chunks, index)
+        ],
+    )
+
+
+class SnapshotCoordinator:
+    """The dispatcher's distributed_save requests. Shares the core's state, lock and commit
+    (journal, then apply); methods marked "lock held" are called by the core under its lock."""
+
+    def __init__(
+        self,
+        state: DispatcherState,
+        commit: Callable[..., None],
+        lock: threading.RLock,
+        datasets: DatasetStore,
+        fault_tolerant: bool,
+        max_snapshots_per_worker: int,
+        where: str,
+    ):
+        self._state = state
+        self._commit = commit
+        self._lock = lock
+        self._datasets = datasets
+        self._fault_tolerant = fault_tolerant
+        self._where = where
+        self.assignments = ChunkAssignments(max_snapshots_per_worker)
+
+    def start(self, request: dispatcher_pb2.SnapshotRequest) -> dispatcher_pb2.SnapshotResponse:
+        path = request.path
+        if not path or not os.path.isabs(path):
+            raise status.invalid_argument(f"the snapshot path must be an absolute path, got {path!r}")
+        if not self._fault_tolerant:
+            raise status.invalid_argument(
+                "tf.data distributed snapshot requires running tf.data service in the fault tolerant mode: "
+                f"{self._where} journals each save's progress, so it needs fault_tolerant_mode=True and a work_dir"
+            )
+        metadata = snapshot_pb2.DistributedSnapshotMetadata()
+        try:
+            metadata.ParseFromString(request.metadata)
+        except DecodeError as e:
+            raise status.invalid_argument(f"unreadable snapshot metadata: {e}") from None
+        if metadata.compression not in ("SNAPPY", "GZIP", ""):
+            raise status.invalid_argument(
+                f"snapshot compression must be 'SNAPPY', 'GZIP' or '' (none), got {metadata.compression!r}"
+            )
+        with self._lock:
+            dataset = _registered(self._state, request.dataset_id, self._where)
+            if self._state.snapshot(path) is not None:
+                raise status.already_exists(f"tf.data snapshot at {path} has already started or completed")
+        if dataset.metadata.cardinality == -1:
+            raise status.invalid_argument(
+                f"distributed_save needs a finite dataset; dataset {request.dataset_id!r} is infinite (repeat())"
+            )
+        graph_bytes = self._datasets.get(dataset.dataset_id)
+        if graph_bytes is None:
+            raise status.failed_precondition(
+                f"the graph of dataset {dataset.dataset_id!r} is missing from the work_dir"
+            )
+        try:
+            sizes = splits.group_sizes(splits.find_sources(graph_lib.parse_graph(graph_bytes)))
+        except (splits.UnsplittableDatasetError, graph_lib.InvalidDatasetError) as e:
+            raise status.invalid_argument(f"distributed_save splits the dataset among the workers: {e}") from None
+        if layout.exists(path):
+            raise status.already_exists(
+                f"tf.data snapshot at {path} cannot start: the path exists already (choose a new one)"
+            )
+        metadata.element_spec = dataset.metadata.element_spec
+        with self._lock:
+            if self._state.snapshot(path) is not None:
+                raise status.already_exists(f"tf.data snapshot at {path} has already started or completed")
+            chunks = layout.num_chunks(sizes)
+            self._commit(
+                start_snapshot=journal_pb2.StartSnapshotUpdate(
+                    path=path,
+                    dataset_id=dataset.dataset_id,
+                    compression=metadata.compression,
+                    group_sizes=sizes,
+                    num_chunks=chunks,
+                )
+            )
+            snapshot = self._state.snapshot(path)
+            try:
+                layout.write_skeleton(path, metadata, metadata.element_spec, graph_bytes)
+            except OSError as e:
+                message = f"cannot write the snapshot's files at {path}: {e.strerror or e}"
+                self._fail(snapshot, status.Code.FAILED_PRECONDITION, message)
+                raise status.failed_precondition(message) from None
+            log.info("snapshot started: %d chunks", chunks, extra=ids(dataset_id=dataset.dataset_id))
+            self._finish_if_complete(snapshot)
+        return dispatcher_pb2.SnapshotResponse()
+
+    def commit(self, request: dispatcher_pb2.CommitSnapshotChunkRequest) -> dispatcher_pb2.CommitSnapshotChunkResponse:
+        worker = request.worker_address
+        with self._lock:
+            if self._state.worker(worker) is None:
+                raise status.not_found(f"worker {worker!r} is not registered with {self._where}")
+            snapshot = self._state.snapshot(request.path)
+            if snapshot is None:
+                raise status.not_found(f"no snapshot at {request.path!r} is known to {self._where}")
+            index = request.chunk_index
+            if not 0 <= index < snapshot.num_chunks:
+                raise status.invalid_argument(
+                    f"snapshot {snapshot.path} has chunks [0, {snapshot.num_chunks}), not chunk {index}"
+                )
+            name = request.uncommitted_file
+            if name:
+                try:
+                    layout.uncommitted_file(snapshot.path, index, name)
+                except ValueError as e:
+                    raise status.invalid_argument(str(e)) from None
+            if request.num_records < 0:
+                raise status.invalid_argument(f"num_records must not be negative, got {request.num_records}")
+            key = (snapshot.path, index)
+            if self.assignments.writer(key) == worker:
+                self.assignments.release(key)
+            if snapshot.finished or index in snapshot.committed or request.error_code:
+                if request.error_code and not snapshot.finished:
+                    self._fail(snapshot, request.error_code, request.error_message)
+                if name:
+                    _quietly(layout.discard, snapshot.path, index, name)
+                return dispatcher_pb2.CommitSnapshotChunkResponse(committed=False)
+            if not name or not os.path.exists(layout.uncommitted_file(snapshot.path, index, name)):
+                raise status.failed_precondition(
+                    f"the written chunk {index} of snapshot {snapshot.path} ({name!r}) is not in its stream folder"
+                )
+            self._commit(
+                commit_snapshot_chunk=journal_pb2.CommitSnapshotChunkUpdate(
+                    path=snapshot.path, chunk_index=index, num_records=request.num_records, uncommitted_file=name
+                )
+            )
+            _quietly(layout.commit_chunk, snapshot.path, index, request.num_records, name)
+            self._finish_if_complete(snapshot)
+            next_chunks = [
+                chunk_def(snapshot, i)
+                for path, i in self.assignments.hand_out(worker, [snapshot])
+                if path == snapshot.path
+            ]
+            return dispatcher_pb2.CommitSnapshotChunkResponse(committed=True, next_chunks=next_chunks)
+
+    def heartbeat(
+        self, worker: str, reported: Iterable[dispatcher_pb2.SnapshotChunkRef]
+    ) -> Tuple[List[common_pb2.SnapshotChunkDef], List[dispatcher_pb2.SnapshotChunkRef]]:
+        """(chunks to start, chunks to drop) for a worker's heartbeat. Lock held."""
+        reported_keys = {(ref.path, ref.chunk_index) for ref in reported}
+        snapshots = {s.path: s for s in self._state.snapshots()}
+        drop = self.assignments.adopt(worker, sorted(reported_keys), snapshots)
+        self.assignments.hand_out(worker, self._state.snapshots())
+        start = sorted(self.assignments.of_worker(worker) - reported_keys)
+        return (
+            [chunk_def(snapshots[path], index) for path, index in start],
+            [dispatcher_pb2.SnapshotChunkRef(path=path, chunk_index=index) for path, index in drop],
+        )
+
+    def status(self) -> List[Dict]:
+        """The snapshots for the status document. Lock held."""
+        return [
+            {
+                "path": s.path,
+                "dataset_id": s.dataset_id,
+                "chunks": s.num_chunks,
+                "committed_chunks": len(s.committed),
+                "elements": s.elements,
+                "state": ("failed" if s.error_code else "done") if s.finished else "running",
+                "error": s.error_message,
+            }
+            for s in self._state.snapshots()
+        ]
+
+    def repair_files(self) -> None:
+        """Brings each snapshot's files up to its journaled state (a dispatcher that died between
+        journaling and writing): the skeleton, committed chunks renamed, DONE or ERROR."""
+        with self._lock:
+            snapshots = self._state.snapshots()
+        for snapshot in snapshots:
+            try:
+                if not snapshot.finished:
+                    dataset = self._state.dataset(snapshot.dataset_id)
+                    graph_bytes = self._datasets.get(snapshot.dataset_id) or b""
+                    metadata = snapshot_pb2.DistributedSnapshotMetadata(
+                        element_spec=dataset.metadata.element_spec, compression=snapshot.compression
+                    )
+                    layout.write_skeleton(snapshot.path, metadata, metadata.element_spec, graph_bytes)
+                for index, (records, name) in snapshot.committed.items():
+                    if not os.path.exists(layout.committed_file(snapshot.path, index, records)):
+                        layout.commit_chunk(snapshot.path, index, records, name)
+                if snapshot.finished and snapshot.error_code:
+                    layout.write_error(snapshot.path, snapshot.error_code, snapshot.error_message)
+                elif snapshot.finished and not layout.done(snapshot.path):
+                    layout.write_done(snapshot.path)
+            except OSError as e:
+                log.error("snapshot %s: its files could not be brought up to date: %s", snapshot.path, e)
+
+    def _finish_if_complete(self, snapshot: Snapshot) -> None:
+        if not snapshot.finished and len(snapshot.committed) == snapshot.num_chunks:
+            self._commit(finish_snapshot=journal_pb2.FinishSnapshotUpdate(path=snapshot.path))
+            _quietly(layout.write_done, snapshot.path)
+            log.info("snapshot %s done: %d elements", snapshot.path, snapshot.elements)
+
+    def _fail(self, snapshot: Snapshot, code: int, message: str) -> None:
+        self._commit(
+            finish_snapshot=journal_pb2.FinishSnapshotUpdate(path=snapshot.path, error_code=code, error_message=message)
+        )
+        for index in range(snapshot.num_chunks):
+            self.assignments.release((snapshot.path, index))
+        _quietly(layout.write_error, snapshot.path, code, message)
+        log.warning("snapshot %s failed: %s", snapshot.path, message)
+
+
+def _registered(state: DispatcherState, dataset_id: str, where: str):
+    if not dataset_id:
+        raise status.invalid_argument("dataset_id must not be empty")
+    dataset = state.dataset(dataset_id)
+    if dataset is None:
+        raise status.not_found(f"dataset id {dataset_id!r} is not registered with {where}")
+    return dataset
+
+
+def _quietly(write: Callable[..., None], *args) -> None:
+    """A file change the journal already records: a failure is logged and repaired at the next
+    start (repair_files), not reported to the worker, whose write is committed."""
+    try:
+        write(*args)
+    except OSError as e:
+        log.error("snapshot file operation %s%s failed: %s", write.__name__, args, e)
