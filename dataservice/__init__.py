@@ -3,7 +3,7 @@
 A drop-in for tf.data.experimental.service: `import dataservice as service`.
 """
 
-from dataservice.client.api import distribute, from_dataset_id, register_dataset
+from dataservice.client.api import CrossTrainerCache, distribute, from_dataset_id, register_dataset
 from dataservice.client.distributed_save import distributed_save
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher.dispatch_server import DispatchServer
@@ -15,6 +15,7 @@ from dataservice.training.input_impact import InputImpact, estimate_input_impact
 from dataservice.worker.worker_server import WorkerServer
 
 __all__ = [
+    "CrossTrainerCache",
     "DispatchServer",
     "DistributedIterator",
     "InputImpact",

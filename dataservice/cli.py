@@ -70,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
         help="worker: address clients reach the TCP transfer at (%%dts_port%% = its bound port)",
     )
     parser.add_argument("--data_transfer_port", type=int, help="worker: port of the TCP transfer (0: a free port)")
+    parser.add_argument(
+        "--cross_trainer_cache_size_bytes",
+        type=int,
+        help="worker: the window of elements trainers share per task (cross_trainer_cache; default 10 GiB)",
+    )
     parser.add_argument("--protocol", choices=["grpc", "grpc+tls"], help="grpc+tls: serve (and call) over TLS")
     parser.add_argument("--tls_cert_file", help="grpc+tls: the server's PEM certificate")
     parser.add_argument("--tls_key_file", help="grpc+tls: the server's PEM key")

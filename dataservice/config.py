@@ -19,6 +19,8 @@ DEFAULT_CLIENT_TIMEOUT_MS = 60_000
 DEFAULT_HEARTBEAT_INTERVAL_MS = 1_000
 DEFAULT_DISPATCHER_TIMEOUT_MS = 600_000
 DEFAULT_MAX_GRAPH_BYTES = 1024 * 1024 * 1024
+# As TensorFlow's: the window of one task's elements that trainers share.
+DEFAULT_CROSS_TRAINER_CACHE_BYTES = 10 * 1024**3
 
 
 def _check_port(port: int) -> None:
@@ -193,6 +195,8 @@ class WorkerConfig:
       producing elements (pipeline/policy.py); off by default.
     auth_token_file: a file holding the token every RPC and data stream must carry,
       which the worker also sends to its dispatcher (rpc/auth.py); None: none.
+    cross_trainer_cache_size_bytes: the window of each task read with cross_trainer_cache
+      (worker/cross_trainer_cache.py); None: 10 GiB, as TensorFlow's.
     """
 
     dispatcher_address: str
@@ -210,9 +214,15 @@ class WorkerConfig:
     tls_cert_file: Optional[str] = None
     tls_key_file: Optional[str] = None
     tls_ca_file: Optional[str] = None
+    cross_trainer_cache_size_bytes: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
+        cache = self.cross_trainer_cache_size_bytes
+        if cache is None:
+            object.__setattr__(self, "cross_trainer_cache_size_bytes", DEFAULT_CROSS_TRAINER_CACHE_BYTES)
+        elif not isinstance(cache, int) or isinstance(cache, bool) or cache <= 0:
+            raise ValueError(f"cross_trainer_cache_size_bytes must be a positive integer or None, got {cache!r}")
         _check_token_file(self.auth_token_file)
         if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
             raise ValueError(f"dispatcher_address must be 'host:port', got {self.dispatcher_address!r}")

@@ -1,7 +1,7 @@
 """Benchmarks: the same workloads through a local pipeline, TensorFlow's own
 tf.data service and dataservice, in one process run, reported as ratios.
 
-    python -m dataservice.bench [--quick] [--json FILE] [--workloads 1,2,3,4,5,6,7,8,9]
+    python -m dataservice.bench [--quick] [--json FILE] [--workloads 1,2,...,10]
 
 1. scalar int64 elements, 1 worker, parallel_epochs (elements/s)
 2. 1 MiB float32 elements, 1 worker, compression None and AUTO (MB/s)
@@ -13,6 +13,9 @@ tf.data service and dataservice, in one process run, reported as ratios.
 8. worker heartbeat latency while a 100,000-update state is snapshotted (bench/scale.py)
 9. the cost of TLS: workload 2 (compression None) through dataservice with TLS off and on,
    over the TCP transfer and over gRPC (MB/s; certificates made for the run)
+10. cross-trainer cache: 1, 2 and 4 trainers reading one job of range(...).repeat() at once,
+   1 worker: elements produced per element consumed (the largest element any trainer saw + 1,
+   over all elements the trainers took; 1/trainers is perfect sharing), and elements/s read
 
 TensorFlow's servers run in this process (they are C++); ours run as
 `data-server` processes, as they would in production. The client of each
@@ -299,7 +302,9 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
     # Short measurements vary most: they are repeated and their median reported.
     repeats = 3 if not quick else 1
     latency_repeats = 9 if not quick else 3
-    clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()} if set(workloads) - {6, 7, 8, 9} else {}
+    clusters = (
+        {"tf.data service": _TFCluster(), "dataservice": _OurCluster()} if set(workloads) - {6, 7, 8, 9, 10} else {}
+    )
     try:
         for cluster in clusters.values():
             cluster.add_worker()
@@ -446,11 +451,79 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
         )
     if 9 in workloads:
         _tls_cost(bench, scale, repeats)
+    if 10 in workloads:
+        _cross_trainer_cache(bench, scale)
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"quick": quick, "rows": bench.rows}, f, indent=2)
         print(f"wrote {json_path}")
     return bench.rows
+
+
+def _cross_trainer_cache(bench: Bench, scale: float) -> None:
+    """Trainers in threads, each with its own trainer_id, read one named job of an infinite range
+    at the same time. The elements are the source's indices in order, so the largest one any
+    trainer saw bounds from below what the worker produced, the same way for both services."""
+    import threading
+
+    per_trainer = int(20_000 * scale) or 1000
+    clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()}
+    try:
+        for cluster in clusters.values():
+            cluster.add_worker()
+        for trainers in (1, 2, 4):
+            ratios: Dict[str, float] = {}
+            rates: Dict[str, float] = {}
+            for system, cluster in clusters.items():
+                cache_class = (
+                    tf_service.CrossTrainerCache if system == "tf.data service" else dataservice.CrossTrainerCache
+                )
+                seen: List[int] = []
+                job_name = f"cache-{trainers}"
+                threads = [
+                    threading.Thread(
+                        target=_read_as_trainer,
+                        args=(
+                            bench.distribute(
+                                system, cluster, job_name=job_name, cross_trainer_cache=cache_class(trainer_id=f"t{i}")
+                            ),
+                            per_trainer,
+                            seen,
+                        ),
+                    )
+                    for i in range(trainers)
+                ]
+                began = time.perf_counter()
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                rates[system] = trainers * per_trainer / (time.perf_counter() - began)
+                ratios[system] = (max(seen) + 1) / (trainers * per_trainer)
+            bench.record(
+                f"10. cross-trainer cache, {trainers} trainer{'s' if trainers > 1 else ''}",
+                "produced/consumed",
+                "elements",
+                ratios,
+                higher_is_better=False,
+            )
+            bench.record(
+                f"10. cross-trainer cache, {trainers} trainer{'s' if trainers > 1 else ''}",
+                "throughput",
+                "elements/s, all trainers",
+                rates,
+            )
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+
+
+def _read_as_trainer(distribute: Callable, count: int, seen: List[int]) -> None:
+    """Reads `count` elements of an infinite range through `distribute`; appends the largest."""
+    largest = 0
+    for batch in tf.data.Dataset.range(10**12).repeat().apply(distribute).take(count).batch(MAX_BATCH):
+        largest = max(largest, int(tf.reduce_max(batch)))
+    seen.append(largest)
 
 
 def _tls_cost(bench: Bench, scale: float, repeats: int) -> None:
@@ -503,14 +576,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="dataservice vs TensorFlow's tf.data service")
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds per workload")
     parser.add_argument("--json", help="write the results to this file")
-    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,9", help="comma-separated workload numbers")
+    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated workload numbers")
     args = parser.parse_args(argv)
     try:
         workloads = sorted({int(w) for w in args.workloads.split(",")})
     except ValueError:
-        parser.error(f"--workloads must be numbers 1-9, got {args.workloads!r}")
-    if not set(workloads) <= set(range(1, 10)):
-        parser.error(f"--workloads must be numbers 1-9, got {args.workloads!r}")
+        parser.error(f"--workloads must be numbers 1-10, got {args.workloads!r}")
+    if not set(workloads) <= set(range(1, 11)):
+        parser.error(f"--workloads must be numbers 1-10, got {args.workloads!r}")
     allocator.keep_freed_memory_in_client()
     run(args.quick, workloads, args.json)
     return 0

@@ -45,6 +45,34 @@ MERGE_UP_TO = 1024
 MERGE_BYTES = 4 * 1024 * 1024
 
 
+class CrossTrainerCache:
+    """Makes trainers share a job's elements (distribute(..., cross_trainer_cache=...)), as
+    tf.data.experimental.service.CrossTrainerCache.
+
+    Trainers reading one named job over an infinite dataset, each with its own trainer_id,
+    read every element from a window cached on each worker (WorkerConfig's
+    cross_trainer_cache_size_bytes) instead of making the workers produce it again; one that
+    falls behind the window skips ahead. Clients with the same trainer_id share their reads.
+    """
+
+    def __init__(self, trainer_id: str):
+        if not trainer_id:
+            raise ValueError("tf.data service cross-trainer cache requires a non-empty trainer ID.")
+        self.trainer_id = trainer_id
+
+
+def _trainer_id(cross_trainer_cache: Any) -> str:
+    """The trainer id of a cross_trainer_cache argument (ours, or TensorFlow's CrossTrainerCache)."""
+    if cross_trainer_cache is None:
+        return ""
+    trainer_id = getattr(cross_trainer_cache, "trainer_id", None)
+    if not isinstance(trainer_id, (str, bytes)) or not trainer_id:
+        raise ValueError(
+            f"cross_trainer_cache must be a CrossTrainerCache with a non-empty trainer_id, got {cross_trainer_cache!r}"
+        )
+    return trainer_id.decode() if isinstance(trainer_id, bytes) else trainer_id
+
+
 def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
     if dispatcher_timeout_ms is None:
         return DEFAULT_CLIENT_TIMEOUT_MS / 1000
@@ -143,8 +171,20 @@ class _ReadOptions:
         ):
             raise ValueError(f"max_outstanding_requests must be a positive integer, got {max_outstanding_requests!r}")
         self.data_transfer_protocol = modes.parse_data_transfer_protocol(data_transfer_protocol)
-        if cross_trainer_cache is not None:
-            raise NotImplementedError("cross_trainer_cache is not supported yet")
+        self.trainer_id = _trainer_id(cross_trainer_cache)
+        if self.trainer_id and job_name is None:
+            # TensorFlow's checks and messages (client/validate_utils.cc), raised here rather than
+            # at the first element.
+            raise tf.errors.InvalidArgumentError(
+                None, None, "Cross-trainer caching requires named jobs. Got empty `job_name`."
+            )
+        if self.trainer_id and num_consumers is not None:
+            raise tf.errors.InvalidArgumentError(
+                None,
+                None,
+                f"Cross-trainer caching does not support coordinated reads. Got number of coordinated consumers: "
+                f"{num_consumers}",
+            )
         self.target_workers = modes.parse_target_workers(target_workers)
         self.job_name = job_name
         self.consumer_index = consumer_index
@@ -153,7 +193,15 @@ class _ReadOptions:
         self.timeout_s = _timeout_s(dispatcher_timeout_ms)
 
     def check_cardinality(self, cardinality: int) -> None:
-        """Coordinated reads need an infinite dataset: every consumer reads every round."""
+        """Coordinated reads need an infinite dataset: every consumer reads every round; so does a
+        cross-trainer cache (TensorFlow's message; UNKNOWN is left to the dispatcher)."""
+        if self.trainer_id and cardinality >= 0:
+            raise tf.errors.InvalidArgumentError(
+                None,
+                None,
+                f"Cross-trainer caching requires the input dataset to be infinite. Got input with cardinality "
+                f"{cardinality}",
+            )
         if self.num_consumers is not None and cardinality >= 0:
             raise ValueError(
                 f"coordinated reads (consumer_index, num_consumers) need an infinite dataset, but this one has "
@@ -182,7 +230,12 @@ def _service_dataset(
     options.check_cardinality(cardinality)
     codec = ElementCodec(element_spec)
     job = JobSpec(
-        dataset_id, int(options.sharding_policy), options.job_name, options.num_consumers, options.target_workers
+        dataset_id,
+        int(options.sharding_policy),
+        options.job_name,
+        options.num_consumers,
+        options.target_workers,
+        options.trainer_id,
     )
     budget = options.element_budget(codec)
     # Small fixed-size elements reach tf.data as stacked chunks that tf.data unbatches: one

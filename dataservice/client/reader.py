@@ -63,6 +63,7 @@ class IterationReader:
         self.timeout_s = timeout_s
         self.compression = compression
         self.credits = CreditLedger(max_outstanding)
+        self.trainer_id = job.trainer_id
         self._queue: "queue.Queue[tuple]" = queue.Queue()
         self._streams: Dict[int, _TaskStream] = {}
         self._lock = threading.Lock()
@@ -272,6 +273,7 @@ class _TaskStream:
             task_id=self.task_id,
             iteration_client_id=reader.client_id,
             compression=reader.compression,
+            trainer_id=reader.trainer_id,
             credits=unused + credits.grant(self.task_id, 0, reader.stopped.is_set),
         )
         while not reader.stopped.is_set() and not credits.is_done(self.task_id) and not ended.is_set():

@@ -37,12 +37,15 @@ class JobSpec:
         job_name: Optional[str],
         num_consumers: Optional[int],
         target_workers: int,
+        trainer_id: str = "",
     ):
         self.dataset_id = dataset_id
         self.sharding_policy = sharding_policy
         self.job_name = job_name or ""
         self.num_consumers = num_consumers or 0
         self.target_workers = target_workers
+        # Cross-trainer cache: the trainer this client reads for ("": no cache).
+        self.trainer_id = trainer_id
 
     def request(self) -> dispatcher_pb2.GetOrCreateJobRequest:
         return dispatcher_pb2.GetOrCreateJobRequest(
@@ -51,6 +54,7 @@ class JobSpec:
             job_name=self.job_name,
             num_consumers=self.num_consumers,
             target_workers=self.target_workers,
+            use_cross_trainer_cache=bool(self.trainer_id),
         )
 
 
@@ -110,9 +114,7 @@ class IterationSession:
                 self.resumed_tasks = list(resumed.task_ids)
                 iteration = resumed
             else:
-                job_id = self._dispatcher.get_or_create_job(
-                    job.dataset_id, job.sharding_policy, job.job_name, job.num_consumers, job.target_workers
-                )
+                job_id = self._dispatcher.get_or_create_job(job.request())
                 iteration = self._dispatcher.get_or_create_iteration(job_id, repetition)
         except BaseException:
             self._dispatcher.close()

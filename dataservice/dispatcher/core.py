@@ -333,6 +333,8 @@ class DispatcherCore:
                     f"has cardinality {dataset.metadata.cardinality}: add .repeat() to the pipeline, so that no "
                     "consumer runs out of rounds before the others"
                 )
+            if request.use_cross_trainer_cache:
+                _check_cross_trainer_cache(request, dataset.metadata.cardinality)
             existing = self._named_job(request)
         if existing is not None:
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
@@ -361,6 +363,7 @@ class DispatcherCore:
                 num_consumers=request.num_consumers,
                 target_workers=request.target_workers,
                 split_group_sizes=split_group_sizes,
+                use_cross_trainer_cache=request.use_cross_trainer_cache,
             )
         )
         return job_id
@@ -419,6 +422,12 @@ class DispatcherCore:
                 )
             if request.repetition < 0:
                 raise status.invalid_argument(f"repetition must be >= 0, got {request.repetition}")
+            if job.use_cross_trainer_cache and request.repetition > 0:
+                raise status.invalid_argument(
+                    "Cross-trainer caching requires infinite datasets and disallows multiple repetitions of the "
+                    f"same dataset. Got repetition {request.repetition + 1} (a pass over the dataset after the "
+                    "first: iterate it once, or create the dataset again with another trainer_id)"
+                )
             iteration_id = job.iterations.get(request.repetition)
             if iteration_id is None:
                 iteration_id = self._state.next_id("iteration")
@@ -971,6 +980,22 @@ def _check_resumable(saved: Job, request: dispatcher_pb2.GetOrCreateJobRequest) 
         )
 
 
+def _check_cross_trainer_cache(request: dispatcher_pb2.GetOrCreateJobRequest, cardinality: int) -> None:
+    """TensorFlow's conditions (and messages) for a job whose trainers share a cache."""
+    if not request.job_name:
+        raise status.invalid_argument("Cross-trainer caching requires named jobs. Got empty `job_name`.")
+    if cardinality != tf.data.INFINITE_CARDINALITY:
+        raise status.invalid_argument(
+            f"Cross-trainer caching requires the input dataset to be infinite. Got input with cardinality "
+            f"{cardinality}: add .repeat() to the pipeline"
+        )
+    if request.num_consumers:
+        raise status.invalid_argument(
+            "Cross-trainer caching does not support coordinated reads. Got number of coordinated consumers: "
+            f"{request.num_consumers}"
+        )
+
+
 def _check_same_job(job: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:
     """A request for an existing named job must ask for the same job; the error names every mismatch."""
     mismatches = []
@@ -986,6 +1011,11 @@ def _check_same_job(job: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> 
     if job.target_workers != request.target_workers:
         mismatches.append(
             f"target_workers {_TARGET_NAMES[job.target_workers]} vs {_TARGET_NAMES[request.target_workers]}"
+        )
+    if job.use_cross_trainer_cache != request.use_cross_trainer_cache:
+        enabled = {True: "enabled", False: "disabled"}
+        mismatches.append(
+            f"cross-trainer cache {enabled[job.use_cross_trainer_cache]} vs {enabled[request.use_cross_trainer_cache]}"
         )
     if mismatches:
         raise status.invalid_argument(

@@ -60,6 +60,8 @@ class Job:
     target_workers: int
     # distributed_epoch: splits in each split group of the pipeline.
     split_group_sizes: List[int] = dataclasses.field(default_factory=list)
+    # Trainers share the job's elements through the workers' cross-trainer caches.
+    use_cross_trainer_cache: bool = False
     # repetition -> iteration id
     iterations: Dict[int, IterationId] = dataclasses.field(default_factory=dict)
 
@@ -185,6 +187,7 @@ class DispatcherState:
             num_consumers=u.num_consumers,
             target_workers=u.target_workers,
             split_group_sizes=list(u.split_group_sizes),
+            use_cross_trainer_cache=u.use_cross_trainer_cache,
         )
         if u.job_name:
             self._job_by_name[u.job_name] = u.job_id
@@ -344,6 +347,7 @@ class DispatcherState:
                         num_consumers=j.num_consumers,
                         target_workers=j.target_workers,
                         split_group_sizes=j.split_group_sizes,
+                        use_cross_trainer_cache=j.use_cross_trainer_cache,
                     )
                 )
             )
@@ -613,6 +617,7 @@ class DispatcherState:
             starting_round=task.starting_round,
             skip_elements=task.skip_elements,
             repetition=iteration.repetition,
+            use_cross_trainer_cache=job.use_cross_trainer_cache,
         )
 
     def tasks_of(self, iteration: Iteration) -> List[Task]:

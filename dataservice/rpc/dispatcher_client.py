@@ -140,21 +140,7 @@ class DispatcherClient:
 
     # ---- jobs, iterations and their clients -----------------------------------
 
-    def get_or_create_job(
-        self,
-        dataset_id: str,
-        sharding_policy: int,
-        job_name: str = "",
-        num_consumers: int = 0,
-        target_workers: int = common_pb2.TARGET_WORKERS_AUTO,
-    ) -> int:
-        request = dispatcher_pb2.GetOrCreateJobRequest(
-            dataset_id=dataset_id,
-            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=sharding_policy),
-            job_name=job_name,
-            num_consumers=num_consumers,
-            target_workers=target_workers,
-        )
+    def get_or_create_job(self, request: dispatcher_pb2.GetOrCreateJobRequest) -> int:
         return self._call(self._stub.GetOrCreateJob, request, "creating a job").job_id
 
     def get_or_create_iteration(self, job_id: int, repetition: int) -> dispatcher_pb2.GetOrCreateIterationResponse:

@@ -50,18 +50,20 @@ class GetElementSpecResponse(_message.Message):
     def __init__(self, element_spec: _Optional[bytes] = ...) -> None: ...
 
 class GetOrCreateJobRequest(_message.Message):
-    __slots__ = ("dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers")
+    __slots__ = ("dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers", "use_cross_trainer_cache")
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_MODE_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     TARGET_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    USE_CROSS_TRAINER_CACHE_FIELD_NUMBER: _ClassVar[int]
     dataset_id: str
     processing_mode: _common_pb2.ProcessingModeDef
     job_name: str
     num_consumers: int
     target_workers: _common_pb2.TargetWorkers
-    def __init__(self, dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ...) -> None: ...
+    use_cross_trainer_cache: bool
+    def __init__(self, dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ..., use_cross_trainer_cache: _Optional[bool] = ...) -> None: ...
 
 class GetOrCreateJobResponse(_message.Message):
     __slots__ = ("job_id",)

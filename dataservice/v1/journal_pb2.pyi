@@ -68,7 +68,7 @@ class RegisterWorkerUpdate(_message.Message):
     def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., worker_uid: _Optional[int] = ...) -> None: ...
 
 class CreateJobUpdate(_message.Message):
-    __slots__ = ("job_id", "dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers", "split_group_sizes")
+    __slots__ = ("job_id", "dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers", "split_group_sizes", "use_cross_trainer_cache")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_MODE_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class CreateJobUpdate(_message.Message):
     NUM_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     TARGET_WORKERS_FIELD_NUMBER: _ClassVar[int]
     SPLIT_GROUP_SIZES_FIELD_NUMBER: _ClassVar[int]
+    USE_CROSS_TRAINER_CACHE_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     dataset_id: str
     processing_mode: _common_pb2.ProcessingModeDef
@@ -83,7 +84,8 @@ class CreateJobUpdate(_message.Message):
     num_consumers: int
     target_workers: _common_pb2.TargetWorkers
     split_group_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ..., split_group_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    use_cross_trainer_cache: bool
+    def __init__(self, job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ..., split_group_sizes: _Optional[_Iterable[int]] = ..., use_cross_trainer_cache: _Optional[bool] = ...) -> None: ...
 
 class CreateIterationUpdate(_message.Message):
     __slots__ = ("iteration_id", "job_id", "repetition", "resumes_iteration_id")

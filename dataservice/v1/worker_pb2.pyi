@@ -28,20 +28,22 @@ class ProcessTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamElementsRequest(_message.Message):
-    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message", "credits", "compression", "auth_token")
+    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message", "credits", "compression", "auth_token", "trainer_id")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_ELEMENTS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_client_id: int
     max_elements_per_message: int
     credits: int
     compression: _common_pb2.Compression
     auth_token: str
-    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ..., auth_token: _Optional[str] = ...) -> None: ...
+    trainer_id: str
+    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ..., auth_token: _Optional[str] = ..., trainer_id: _Optional[str] = ...) -> None: ...
 
 class StreamElementsResponse(_message.Message):
     __slots__ = ("chunks", "end_of_sequence", "error_code", "error_message")

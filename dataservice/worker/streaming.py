@@ -166,7 +166,9 @@ def stream_task(
                     return  # the client wants no more
                 continue
             try:
-                elements, done = runner.take(min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, linger_s)
+                elements, done = runner.take(
+                    min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, linger_s, request.trainer_id
+                )
                 linger_s = LINGER_S
             except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
                 message = pipeline_error(request.task_id, worker.worker_address, e)

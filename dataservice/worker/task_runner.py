@@ -116,23 +116,25 @@ class TaskRunner:
                 self.elements_produced += 1
                 self.bytes_produced += size
                 with self._cond:
-                    while (
-                        not self._stopped
-                        and self._buffer
-                        and (len(self._buffer) >= self._max_elements or self._buffered_bytes + size > self._max_bytes)
-                    ):
+                    while not self._stopped and self._must_wait(size):
                         self._cond.wait()
                     if self._stopped:
                         return
                     self._buffer.append((components, size))
                     self._buffered_bytes += size
+                    self._stored()
                     # Wake consumers for a first element or a full message, not for
                     # every element: each wake-up costs a GIL hand-over.
                     if len(self._buffer) == 1 or len(self._buffer) % NOTIFY_EVERY == 0:
                         self._cond.notify_all()
                 started = clock()
         except StopIteration:
-            pass
+            error = self._exhausted_error()
+            if error is not None:
+                with self._cond:
+                    self._error = error
+                    self._cond.notify_all()
+                return
         except Exception as e:  # noqa: BLE001 - handed to the clients, which raise it
             log.warning("task %d failed: %s", self.task_id, e)
             with self._cond:
@@ -146,11 +148,29 @@ class TaskRunner:
         # iterator destroyed (which can block: see element_iterator).
         del elements
 
+    # ---- what a subclass changes ------------------------------------------
+
+    def _must_wait(self, size: int) -> bool:
+        """Whether the producer waits before storing an element of `size` bytes (lock held)."""
+        return bool(self._buffer) and (
+            len(self._buffer) >= self._max_elements or self._buffered_bytes + size > self._max_bytes
+        )
+
+    def _stored(self) -> None:
+        """Called after an element was stored (lock held)."""
+
+    def _exhausted_error(self) -> Optional[BaseException]:
+        """The error the end of the pipeline's elements is, if it is one."""
+        return None
+
+    # ---- consumers --------------------------------------------------------
+
     def take(
-        self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0
+        self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0, trainer_id: str = ""
     ) -> Tuple[List[Components], bool]:
         """Up to `max_elements` elements (at least one, at most about `max_bytes`), and
-        whether the task is done (every element taken).
+        whether the task is done (every element taken). Each element goes to one caller;
+        `trainer_id` is for the cross-trainer cache (cross_trainer_cache.py), not used here.
 
         Waits up to `timeout_s` for the first element, then up to `linger_s` for
         more, so a slow pipeline is not delayed by batching.

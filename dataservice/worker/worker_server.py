@@ -32,6 +32,7 @@ from dataservice.transfer import grpc_service, tcp
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.worker import streaming
+from dataservice.worker.cross_trainer_cache import CachingTaskRunner
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
 from dataservice.worker.element_iterator import ComponentIterator
 from dataservice.worker.grpc_servicer import WorkerServicer
@@ -269,13 +270,23 @@ class WorkerServer:
             codec, make_elements = None, functools.partial(_raise, e)
 
         def start() -> Tuple[TaskRunner, Optional[RoundRobinServer]]:
-            runner = TaskRunner(
-                task.task_id,
-                make_elements,
-                codec,
-                dataset_id=task.dataset_id,
-                totals=self._production,
-            )
+            if task.use_cross_trainer_cache:
+                runner: TaskRunner = CachingTaskRunner(
+                    task.task_id,
+                    make_elements,
+                    codec,
+                    dataset_id=task.dataset_id,
+                    totals=self._production,
+                    cache_bytes=self._config.cross_trainer_cache_size_bytes,
+                )
+            else:
+                runner = TaskRunner(
+                    task.task_id,
+                    make_elements,
+                    codec,
+                    dataset_id=task.dataset_id,
+                    totals=self._production,
+                )
             rounds = RoundRobinServer(runner, task.num_consumers, task.starting_round) if task.num_consumers else None
             return runner, rounds
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 import dataservice as service
 from dataservice.dispatcher import journal
 from dataservice.rpc.dispatcher_client import DispatcherClient
-from dataservice.v1 import common_pb2
+from dataservice.v1 import common_pb2, dispatcher_pb2
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -22,7 +22,13 @@ LIMIT = journal.DEFAULT_CHUNK_BYTES  # the first segment fits; growing it does n
 
 
 def _create_job(dispatcher: DispatcherClient, dataset_id: str, name: str) -> int:
-    return dispatcher.get_or_create_job(dataset_id, common_pb2.SHARDING_POLICY_OFF, job_name=name)
+    return dispatcher.get_or_create_job(
+        dispatcher_pb2.GetOrCreateJobRequest(
+            dataset_id=dataset_id,
+            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=common_pb2.SHARDING_POLICY_OFF),
+            job_name=name,
+        )
+    )
 
 
 def test_a_journal_that_cannot_grow_fails_writes_clearly_and_recovers(tmp_path, processes):

@@ -1,0 +1,98 @@
+"""A task whose elements several trainers share: a sliding window over its elements (as
+TensorFlow's CrossTrainerCache), for jobs read with cross_trainer_cache.
+
+Every trainer (clients with one trainer_id share a position) reads the task's elements in
+order from its own position; elements are produced only when the trainer furthest ahead
+needs more, so trainers that keep up with each other read what was produced for the first
+of them instead of making the worker produce more. The window holds up to
+cross_trainer_cache_size_bytes of elements that some trainer has read; older ones are
+dropped, and a trainer that falls behind the window skips to its oldest element. A trainer
+that joins starts at the oldest element in the window.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from dataservice import status
+from dataservice.config import DEFAULT_CROSS_TRAINER_CACHE_BYTES
+from dataservice.transfer.wire import Components
+from dataservice.worker.task_runner import TaskRunner
+
+# The most elements produced ahead of the trainer furthest ahead.
+READ_AHEAD_ELEMENTS = 1024
+
+
+class CachingTaskRunner(TaskRunner):
+    def __init__(self, *args, cache_bytes: int = DEFAULT_CROSS_TRAINER_CACHE_BYTES, **kwargs):
+        # Set before the producer thread starts (in TaskRunner's constructor).
+        self._cache_bytes = cache_bytes
+        self._first = 0  # the index of the oldest element in the window (_buffer[0])
+        self._positions: Dict[str, int] = {}
+        # Elements handed to trainers, all trainers together (for the production ratio).
+        self.elements_consumed = 0
+        super().__init__(*args, **kwargs)
+
+    def _end(self) -> int:
+        return self._first + len(self._buffer)
+
+    def _furthest(self) -> int:
+        return max(self._positions.values(), default=self._first)
+
+    def _must_wait(self, size: int) -> bool:
+        # Read ahead of the furthest trainer: at most READ_AHEAD_ELEMENTS and the buffer's limits,
+        # and at most half the window, so that elements produced ahead are not dropped before
+        # anyone reads them.
+        ahead = self._end() - self._furthest()
+        limit = max(1, min(READ_AHEAD_ELEMENTS, self._max_elements, self._cache_bytes // (2 * max(size, 1))))
+        return ahead >= limit or (ahead > 0 and ahead * size >= self._max_bytes)
+
+    def _stored(self) -> None:
+        furthest = self._furthest()
+        while self._buffered_bytes > self._cache_bytes and len(self._buffer) > 1 and self._first < furthest:
+            _, size = self._buffer.popleft()
+            self._buffered_bytes -= size
+            self._first += 1
+
+    def _exhausted_error(self) -> Optional[BaseException]:
+        return status.invalid_argument(
+            "Cross-trainer caching requires the input dataset to be infinite. However, it reached the end of sequence."
+        )
+
+    def take(
+        self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0, trainer_id: str = ""
+    ) -> Tuple[List[Components], bool]:
+        """Up to `max_elements` elements from `trainer_id`'s position on; never done (the
+        dataset is infinite). Raises the pipeline's error once the trainer reaches it."""
+        with self._cond:
+            self._positions.setdefault(trainer_id, self._first)
+            # A new position can let the producer go on.
+            self._cond.notify_all()
+
+            def available() -> int:
+                return self._end() - max(self._positions[trainer_id], self._first)
+
+            def ready() -> bool:
+                return available() > 0 or self._error is not None or self._stopped
+
+            self._cond.wait_for(ready, timeout_s)
+            self._cond.wait_for(
+                lambda: available() >= max_elements or self._error is not None or self._stopped, linger_s
+            )
+            position = max(self._positions[trainer_id], self._first)  # behind the window: skip ahead
+            taken: List[Components] = []
+            taken_bytes = 0
+            while position < self._end() and len(taken) < max_elements:
+                components, size = self._buffer[position - self._first]
+                if taken and taken_bytes + size > max_bytes:
+                    break
+                taken.append(components)
+                taken_bytes += size
+                position += 1
+            self._positions[trainer_id] = position
+            if taken:
+                self.elements_consumed += len(taken)
+                self._cond.notify_all()
+            elif self._error is not None:
+                raise self._error
+            return taken, False
