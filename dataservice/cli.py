@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data_transfer_port", type=int, help="worker: port of the TCP transfer (0: a free port)")
     parser.add_argument(
+        "--worker_tags",
+        type=lambda value: [tag for tag in value.split(",") if tag],
+        help="worker: comma-separated tags (COLOCATED: read only by clients on its host)",
+    )
+    parser.add_argument(
         "--cross_trainer_cache_size_bytes",
         type=int,
         help="worker: the window of elements trainers share per task (cross_trainer_cache; default 10 GiB)",

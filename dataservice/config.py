@@ -64,9 +64,10 @@ def _check_tls(config) -> None:
         raise ValueError("tls_cert_file, tls_key_file and tls_ca_file need protocol='grpc+tls'")
 
 
-# How elements can travel from workers to clients ("grpc": gRPC only; "tcp": TCP, gRPC beside it).
-# None, in a worker's or a client's config, means "tcp".
-DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp")
+# How elements can travel from workers to clients ("grpc": gRPC only; "tcp": TCP, gRPC beside it;
+# "local", TensorFlow's name for reading in-process workers through memory, which every client
+# does anyway: otherwise as "tcp"). None, in a worker's or a client's config, means "tcp".
+DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp", "local")
 
 
 # A timeout of -1 means "never" where allowed: job_gc_timeout_ms (as TensorFlow's), never ending
@@ -183,8 +184,9 @@ class WorkerConfig:
     heartbeat_interval_ms: how often the worker reports to the dispatcher.
     dispatcher_timeout_ms: how long the worker keeps retrying an unreachable dispatcher.
     data_transfer_protocol: how clients read elements: "tcp" (the default, also
-      for None) offers a plain TCP stream next to gRPC, without gRPC's copies
-      (dataservice/tcp_transfer.py); "grpc" serves elements over gRPC only.
+      for None and "local") offers a plain TCP stream next to gRPC, without gRPC's copies
+      (dataservice/tcp_transfer.py); "grpc" serves elements over gRPC only. Clients in
+      the worker's own process always read through memory (transfer/local.py).
     data_transfer_address: the address clients reach the TCP transfer at;
       "%dts_port%" is replaced by its bound port. Default: worker_address's
       host with ":%dts_port%".
@@ -197,6 +199,9 @@ class WorkerConfig:
       which the worker also sends to its dispatcher (rpc/auth.py); None: none.
     cross_trainer_cache_size_bytes: the window of each task read with cross_trainer_cache
       (worker/cross_trainer_cache.py); None: 10 GiB, as TensorFlow's.
+    worker_tags: tags the worker reports to the dispatcher. "COLOCATED" (as TensorFlow's): the
+      worker runs beside a trainer, and target_workers="AUTO" clients read it only from its
+      own host (each trainer its local worker, plus every worker without the tag).
     """
 
     dispatcher_address: str
@@ -215,6 +220,7 @@ class WorkerConfig:
     tls_key_file: Optional[str] = None
     tls_ca_file: Optional[str] = None
     cross_trainer_cache_size_bytes: Optional[int] = None
+    worker_tags: Optional[Sequence[str]] = None
 
     def __post_init__(self) -> None:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
@@ -234,12 +240,18 @@ class WorkerConfig:
             object.__setattr__(self, "worker_address", "localhost:%port%")
         elif not isinstance(self.worker_address, str) or not self.worker_address:
             raise ValueError(f"worker_address must be 'host:port', got {self.worker_address!r}")
-        if self.data_transfer_protocol is None:
+        if self.data_transfer_protocol in (None, "local"):
             object.__setattr__(self, "data_transfer_protocol", "tcp")
         elif self.data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:
             raise ValueError(
-                f"data_transfer_protocol must be None, 'grpc' or 'tcp', got {self.data_transfer_protocol!r}"
+                f"data_transfer_protocol must be None, 'grpc', 'tcp' or 'local', got {self.data_transfer_protocol!r}"
             )
+        tags = self.worker_tags
+        if tags is None:
+            tags = ()
+        if isinstance(tags, str) or not all(isinstance(t, str) and t for t in tags):
+            raise ValueError(f"worker_tags must be a list of non-empty strings, got {self.worker_tags!r}")
+        object.__setattr__(self, "worker_tags", tuple(tags))
         _check_port(self.data_transfer_port)
         _check_monitoring_port(self.monitoring_port)
         if self.data_transfer_address is None:

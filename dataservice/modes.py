@@ -74,7 +74,9 @@ def parse_target_workers(target_workers: str) -> int:
 
 
 def parse_data_transfer_protocol(protocol: Optional[str]) -> Optional[str]:
-    """None (TCP from workers that offer it, else gRPC), "tcp" (the same) or "grpc" (gRPC only)."""
+    """None (TCP from workers that offer it, else gRPC), "tcp" (the same), "local" (the same;
+    TensorFlow's name for in-process workers, which every client reads through memory) or
+    "grpc" (gRPC only)."""
     if protocol is not None and protocol not in DATA_TRANSFER_PROTOCOLS:
-        raise ValueError(f"data_transfer_protocol must be None, 'grpc' or 'tcp', got {protocol!r}")
-    return protocol
+        raise ValueError(f"data_transfer_protocol must be None, 'grpc', 'tcp' or 'local', got {protocol!r}")
+    return None if protocol == "local" else protocol

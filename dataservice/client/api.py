@@ -186,6 +186,10 @@ class _ReadOptions:
                 f"{num_consumers}",
             )
         self.target_workers = modes.parse_target_workers(target_workers)
+        if self.target_workers == common_pb2.TARGET_WORKERS_LOCAL and num_consumers is not None:
+            raise tf.errors.InvalidArgumentError(
+                None, None, 'Coordinated reads require non-local workers, but `target_workers` is "LOCAL".'
+            )
         self.job_name = job_name
         self.consumer_index = consumer_index
         self.num_consumers = num_consumers

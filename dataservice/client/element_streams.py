@@ -1,7 +1,8 @@
-"""A task's StreamElements call, over the worker's TCP data transfer or over gRPC.
+"""A task's StreamElements call: through memory from a worker in this process
+(transfer/local.py), over the worker's TCP data transfer, or over gRPC.
 
-Both yield (StreamElementsResponse, wire.FrameBuffers) and fail with a
-grpc.RpcError (errors.RemoteError for TCP), so the reader handles them alike.
+All yield (StreamElementsResponse, buffers to decode) and fail with a grpc.RpcError
+(errors.RemoteError for TCP and local), so the reader handles them alike.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Iterator, Optional, Protocol, Tuple
 
 import grpc
 
+from dataservice import status
 from dataservice.rpc import auth, errors
 from dataservice.rpc.channels import shared_channels
 from dataservice.rpc.tls import TlsFiles, diagnose
-from dataservice.transfer import grpc_service, tcp, wire
+from dataservice.transfer import grpc_service, local, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
 
 Requests = Iterator[worker_pb2.StreamElementsRequest]
@@ -28,8 +30,13 @@ CONNECT_TIMEOUT_S = 10.0
 def open_stream(
     task: common_pb2.TaskInfo, protocol: Optional[str], requests: Requests, tls: Optional[TlsFiles] = None
 ) -> "ElementStream":
-    """The stream of `task` over TCP where its worker offers it and `protocol` allows (None or "tcp"),
-    else over gRPC at the worker's address; over TLS with `tls`."""
+    """The stream of `task`: through memory when its worker runs in this process (whatever
+    `protocol`, as TensorFlow's client does), else over TCP where its worker offers it and
+    `protocol` allows (None, "tcp" or "local"), else over gRPC at the worker's address; over
+    TLS with `tls`."""
+    serve = local.find(task.worker_address)
+    if serve is not None:
+        return LocalElementStream(serve, requests)
     address = tcp.transfer_address(task.transfer_address)
     if address is not None and protocol != "grpc":
         return TcpElementStream(address, requests, tls)
@@ -62,6 +69,33 @@ class GrpcElementStream:
     def close(self) -> None:
         self._call.cancel()
         shared_channels.release(self._address, self._tls)
+
+
+class LocalElementStream:
+    """A worker in this process serves the stream on the calling thread; credits go to it on a
+    thread of its own (as over TCP)."""
+
+    def __init__(self, serve: local.Serve, requests: Requests):
+        self._requests = iter(requests)
+        self._cancelled = threading.Event()
+        first = local.uncompressed(next(self._requests))
+        self._responses = serve(first, self._requests, lambda: not self._cancelled.is_set())
+
+    def __iter__(self) -> Iterator[Tuple[worker_pb2.StreamElementsResponse, local.BufferList]]:
+        try:
+            for response, buffers in self._responses:
+                yield response, local.BufferList(buffers)
+        except status.ServiceError as e:
+            raise errors.RemoteError(errors.grpc_code(e.code), e.message) from None
+        if self._cancelled.is_set():
+            raise errors.RemoteError(grpc.StatusCode.CANCELLED, "the local stream was cancelled")
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def close(self) -> None:
+        self._cancelled.set()
+        self._responses.close()
 
 
 class TcpElementStream:

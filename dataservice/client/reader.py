@@ -144,6 +144,9 @@ class IterationReader:
     def _finished(self) -> bool:
         with self._lock:
             finished = self._iteration_finished
+            if self.session.reads_some_tasks and self._streams:
+                # Reading only some tasks (target_workers): done when each of them has ended.
+                finished = finished or all(t in self._ended_tasks or t in self._finished_tasks for t in self._streams)
         if not (finished and self.credits.all_done()):
             return False
         with self._queue.mutex:

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from dataservice.rpc.dispatcher_client import DispatcherClient, ReadingTotals
 from dataservice.rpc.tls import TlsFiles
+from dataservice.transfer import local
 from dataservice.v1 import common_pb2, dispatcher_pb2
 
 log = logging.getLogger(__name__)
@@ -71,9 +72,24 @@ def _local_hosts() -> FrozenSet[str]:
 
 
 def is_local_worker(address: str) -> bool:
-    """Whether a worker address names this host (target_workers='LOCAL')."""
+    """Whether a worker runs in this process or its address names this host (target_workers='LOCAL')."""
+    if local.find(address) is not None:
+        return True
     host = address.rsplit(":", 1)[0].lower() if ":" in address else address.lower()
     return host in _local_hosts() or host.startswith("127.")
+
+
+COLOCATED = "COLOCATED"
+
+
+def tasks_to_read(tasks: Sequence[common_pb2.TaskInfo], target_workers: int) -> List[common_pb2.TaskInfo]:
+    """The tasks a client reads: LOCAL, those on workers of this process or host; AUTO, every
+    task except those on another host's COLOCATED workers (as TensorFlow's client); ANY, all."""
+    if target_workers == common_pb2.TARGET_WORKERS_LOCAL:
+        return [t for t in tasks if is_local_worker(t.worker_address)]
+    if target_workers == common_pb2.TARGET_WORKERS_AUTO:
+        return [t for t in tasks if COLOCATED not in t.worker_tags or is_local_worker(t.worker_address)]
+    return list(tasks)
 
 
 class IterationSession:
@@ -96,6 +112,9 @@ class IterationSession:
         self._address = dispatcher_address
         self.timeout_s = timeout_s
         self.local_only = job.target_workers == common_pb2.TARGET_WORKERS_LOCAL
+        self._target_workers = job.target_workers
+        # Set once target_workers has left some of the iteration's tasks to other clients.
+        self.reads_some_tasks = False
         self._on_heartbeat = on_heartbeat
         self._on_error = on_error
         self._current_round = current_round
@@ -157,9 +176,12 @@ class IterationSession:
         response = self._dispatcher.client_heartbeat(
             self.client_id, self._current_round(), self._consumed_tasks(), self._reading()
         )
-        if self.local_only:
-            local = [t for t in response.tasks if is_local_worker(t.worker_address)]
-            if response.tasks and not local:
+        chosen = tasks_to_read(response.tasks, self._target_workers)
+        if len(chosen) != len(response.tasks):
+            # Tasks left to others: this client is done when its own tasks are, not when the
+            # iteration is.
+            self.reads_some_tasks = True
+            if response.tasks and not chosen and self.local_only:
                 raise tf.errors.FailedPreconditionError(
                     None,
                     None,
@@ -170,7 +192,7 @@ class IterationSession:
                     ),
                 )
             del response.tasks[:]
-            response.tasks.extend(local)
+            response.tasks.extend(chosen)
         self._on_heartbeat(response)
         if not response.tasks and time.monotonic() - self._waiting_since > _NO_WORKERS_WARNING_S:
             log.warning(

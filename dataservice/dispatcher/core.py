@@ -633,6 +633,7 @@ class DispatcherCore:
                     finished=task.finished,
                     starting_round=task.starting_round,
                     lost=task.lost,
+                    worker_tags=worker.tags,
                 )
         return response
 
@@ -787,13 +788,16 @@ class DispatcherCore:
                 self._load.forget_worker(address)
                 self._snapshots.assignments.forget_worker(address)
                 known = self._state.worker(address)
-            if known is None or not known.alive or (uid and not known.uid):
-                # New, back after it was lost, or (journaled before uids were) learning its uid.
+            tags = sorted(set(request.worker_tags))
+            if known is None or not known.alive or (uid and not known.uid) or known.tags != tags:
+                # New, back after it was lost, learning its uid (journaled before uids were), or
+                # restarted with other tags.
                 self._commit(
                     register_worker=journal_pb2.RegisterWorkerUpdate(
                         worker_address=address,
                         transfer_address=request.transfer_address or address,
                         worker_uid=uid,
+                        worker_tags=tags,
                     )
                 )
                 log.info("worker registered", extra=ids(worker=address))

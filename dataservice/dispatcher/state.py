@@ -48,6 +48,7 @@ class Worker:
     alive: bool = True
     # The worker process's random id (0: not known); another one at the same address is a restart.
     uid: int = 0
+    tags: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -175,7 +176,9 @@ class DispatcherState:
             self._bump("dataset", int(u.dataset_id))
 
     def _apply_register_worker(self, u: journal_pb2.RegisterWorkerUpdate) -> None:
-        self._workers[u.worker_address] = Worker(u.worker_address, u.transfer_address, uid=u.worker_uid)
+        self._workers[u.worker_address] = Worker(
+            u.worker_address, u.transfer_address, uid=u.worker_uid, tags=list(u.worker_tags)
+        )
         self._tasks_by_worker.setdefault(u.worker_address, [])
 
     def _apply_create_job(self, u: journal_pb2.CreateJobUpdate) -> None:
@@ -332,7 +335,10 @@ class DispatcherState:
             out.append(
                 U(
                     register_worker=journal_pb2.RegisterWorkerUpdate(
-                        worker_address=w.address, transfer_address=w.transfer_address, worker_uid=w.uid
+                        worker_address=w.address,
+                        transfer_address=w.transfer_address,
+                        worker_uid=w.uid,
+                        worker_tags=w.tags,
                     )
                 )
             )
@@ -460,7 +466,10 @@ class DispatcherState:
                     out.append(
                         U(
                             register_worker=journal_pb2.RegisterWorkerUpdate(
-                                worker_address=w.address, transfer_address=w.transfer_address, worker_uid=w.uid
+                                worker_address=w.address,
+                                transfer_address=w.transfer_address,
+                                worker_uid=w.uid,
+                                worker_tags=w.tags,
                             )
                         )
                     )

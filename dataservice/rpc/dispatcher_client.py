@@ -198,6 +198,7 @@ class DispatcherClient:
         worker_uid: int = 0,
         task_loads: Sequence[dispatcher_pb2.TaskLoad] = (),
         snapshot_chunks: Sequence[Tuple[str, int]] = (),
+        worker_tags: Sequence[str] = (),
     ) -> dispatcher_pb2.WorkerHeartbeatResponse:
         request = dispatcher_pb2.WorkerHeartbeatRequest(
             worker_address=worker_address,
@@ -208,6 +209,7 @@ class DispatcherClient:
             current_snapshot_chunks=[
                 dispatcher_pb2.SnapshotChunkRef(path=path, chunk_index=index) for path, index in snapshot_chunks
             ],
+            worker_tags=worker_tags,
         )
         what = f"worker {worker_address} heartbeat"
         return self._call(self._stub.WorkerHeartbeat, request, what, timeout_s=timeout_s, rpc_timeout_s=10.0)

@@ -89,20 +89,22 @@ class TaskDef(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_consumers: _Optional[int] = ..., starting_round: _Optional[int] = ..., skip_elements: _Optional[int] = ..., repetition: _Optional[int] = ..., use_cross_trainer_cache: _Optional[bool] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("task_id", "worker_address", "transfer_address", "finished", "starting_round", "lost")
+    __slots__ = ("task_id", "worker_address", "transfer_address", "finished", "starting_round", "lost", "worker_tags")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     STARTING_ROUND_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    WORKER_TAGS_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     worker_address: str
     transfer_address: str
     finished: bool
     starting_round: int
     lost: bool
-    def __init__(self, task_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., finished: _Optional[bool] = ..., starting_round: _Optional[int] = ..., lost: _Optional[bool] = ...) -> None: ...
+    worker_tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., finished: _Optional[bool] = ..., starting_round: _Optional[int] = ..., lost: _Optional[bool] = ..., worker_tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TensorData(_message.Message):
     __slots__ = ("dtype", "shape", "string_lengths", "compression", "uncompressed_size", "size")

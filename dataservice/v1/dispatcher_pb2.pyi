@@ -172,20 +172,22 @@ class GetWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerHeartbeatRequest(_message.Message):
-    __slots__ = ("worker_address", "transfer_address", "current_tasks", "worker_uid", "task_loads", "current_snapshot_chunks")
+    __slots__ = ("worker_address", "transfer_address", "current_tasks", "worker_uid", "task_loads", "current_snapshot_chunks", "worker_tags")
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TASKS_FIELD_NUMBER: _ClassVar[int]
     WORKER_UID_FIELD_NUMBER: _ClassVar[int]
     TASK_LOADS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_SNAPSHOT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_TAGS_FIELD_NUMBER: _ClassVar[int]
     worker_address: str
     transfer_address: str
     current_tasks: _containers.RepeatedScalarFieldContainer[int]
     worker_uid: int
     task_loads: _containers.RepeatedCompositeFieldContainer[TaskLoad]
     current_snapshot_chunks: _containers.RepeatedCompositeFieldContainer[SnapshotChunkRef]
-    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ..., worker_uid: _Optional[int] = ..., task_loads: _Optional[_Iterable[_Union[TaskLoad, _Mapping]]] = ..., current_snapshot_chunks: _Optional[_Iterable[_Union[SnapshotChunkRef, _Mapping]]] = ...) -> None: ...
+    worker_tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., current_tasks: _Optional[_Iterable[int]] = ..., worker_uid: _Optional[int] = ..., task_loads: _Optional[_Iterable[_Union[TaskLoad, _Mapping]]] = ..., current_snapshot_chunks: _Optional[_Iterable[_Union[SnapshotChunkRef, _Mapping]]] = ..., worker_tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SnapshotChunkRef(_message.Message):
     __slots__ = ("path", "chunk_index")

@@ -58,14 +58,16 @@ class RegisterDatasetUpdate(_message.Message):
     def __init__(self, dataset_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ...) -> None: ...
 
 class RegisterWorkerUpdate(_message.Message):
-    __slots__ = ("worker_address", "transfer_address", "worker_uid")
+    __slots__ = ("worker_address", "transfer_address", "worker_uid", "worker_tags")
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKER_UID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_TAGS_FIELD_NUMBER: _ClassVar[int]
     worker_address: str
     transfer_address: str
     worker_uid: int
-    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., worker_uid: _Optional[int] = ...) -> None: ...
+    worker_tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., worker_uid: _Optional[int] = ..., worker_tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CreateJobUpdate(_message.Message):
     __slots__ = ("job_id", "dataset_id", "processing_mode", "job_name", "num_consumers", "target_workers", "split_group_sizes", "use_cross_trainer_cache")

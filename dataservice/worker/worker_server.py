@@ -28,7 +28,7 @@ from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import policy, sharding, splits
 from dataservice.rpc import servers
 from dataservice.rpc.dispatcher_client import DispatcherClient
-from dataservice.transfer import grpc_service, tcp
+from dataservice.transfer import grpc_service, local, tcp
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.worker import streaming
@@ -121,6 +121,8 @@ class WorkerServer:
                 self._config.monitoring_port, self._registry, role="worker", health=self._health
             )
             log.info("worker /metrics on port %d", self._monitoring.port, extra=ids(worker=self.address))
+        # Clients in this process read through memory (transfer/local.py).
+        local.register(self.address, functools.partial(streaming.stream_task, self._streams, protocol=local.PROTOCOL))
         self._heartbeat(timeout_s=self._config.dispatcher_timeout_ms / 1000)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True)
         self._heartbeat_thread.start()
@@ -134,6 +136,7 @@ class WorkerServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        local.unregister(self.address)
         self._health.shutdown()
         self._heartbeat_now.set()
         for runner in self._tasks.close():
@@ -199,6 +202,7 @@ class WorkerServer:
                 for runner in self._tasks.runners()
             ],
             snapshot_chunks=self._snapshot_writers.current(),
+            worker_tags=self._config.worker_tags,
         )
         for task in response.new_tasks:
             self.start_task(task)

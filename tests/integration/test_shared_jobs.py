@@ -313,24 +313,6 @@ def test_vanished_client_is_released_after_client_timeout():
 # ---- target_workers ------------------------------------------------------------
 
 
-def test_local_target_workers_read_from_workers_on_this_host(cluster):
-    ds = tf.data.Dataset.range(50).apply(service.distribute("parallel_epochs", cluster.target, target_workers="LOCAL"))
-    assert sorted(int(x) for x in ds) == list(range(50))
-
-
-def test_local_target_workers_without_a_local_worker_is_an_error():
-    cluster = in_process_cluster(0)
-    try:
-        cluster.add_worker(worker_address="worker-7.elsewhere.invalid:%port%")
-        ds = tf.data.Dataset.range(50).apply(
-            service.distribute("parallel_epochs", cluster.target, target_workers="LOCAL")
-        )
-        with pytest.raises(tf.errors.OpError, match="FailedPreconditionError.*target_workers='LOCAL'.*elsewhere"):
-            next(iter(ds))
-    finally:
-        cluster.stop()
-
-
 def test_unknown_target_workers_is_a_value_error(cluster):
     with pytest.raises(ValueError, match="target_workers"):
         service.distribute("parallel_epochs", cluster.target, target_workers="NEARBY")
