@@ -20,7 +20,7 @@ from dataservice.client.api import _register, _timeout_s
 from dataservice.pipeline import graph as graph_lib
 from dataservice.rpc import addresses
 from dataservice.rpc.dispatcher_client import DispatcherClient
-from dataservice.snapshot import layout
+from dataservice.snapshot import chunk_file, layout
 
 
 def distributed_save(
@@ -51,11 +51,7 @@ def distributed_save(
         raise ValueError(f"path must be a non-empty string, got {path!r}")
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
-    if not all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(dataset.element_spec)):  # noqa: E721
-        raise ValueError(
-            f"distributed_save writes elements of plain tensors; this dataset's are {dataset.element_spec} "
-            "(convert ragged or sparse components to dense ones before saving)"
-        )
+    chunk_file.check_plain_tensors(dataset.element_spec)
     target = addresses.parse_service(data_service_address)
     timeout_s = _timeout_s(dispatcher_timeout_ms)
     dataset_id = _register(target, dataset, None, "", timeout_s, splittable=True)

@@ -133,6 +133,7 @@ class DispatcherCore:
             self._commit,
             self._lock,
             self._datasets,
+            self._dataset,
             config.fault_tolerant_mode,
             config.worker_max_concurrent_snapshots,
             self._where(),

@@ -20,7 +20,7 @@ from tensorflow.core.protobuf import snapshot_pb2
 
 from dataservice import status
 from dataservice.dispatcher.dataset_store import DatasetStore
-from dataservice.dispatcher.state import DispatcherState, Snapshot
+from dataservice.dispatcher.state import Dataset, DispatcherState, Snapshot
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import splits
@@ -124,6 +124,7 @@ class SnapshotCoordinator:
         commit: Callable[..., None],
         lock: threading.RLock,
         datasets: DatasetStore,
+        registered: Callable[[str], Dataset],
         fault_tolerant: bool,
         max_snapshots_per_worker: int,
         where: str,
@@ -132,6 +133,8 @@ class SnapshotCoordinator:
         self._commit = commit
         self._lock = lock
         self._datasets = datasets
+        # The registered dataset of an id (core's lookup: NOT_FOUND for an unknown one).
+        self._registered = registered
         self._fault_tolerant = fault_tolerant
         self._where = where
         self.assignments = ChunkAssignments(max_snapshots_per_worker)
@@ -155,7 +158,7 @@ class SnapshotCoordinator:
                 f"snapshot compression must be 'SNAPPY', 'GZIP' or '' (none), got {metadata.compression!r}"
             )
         with self._lock:
-            dataset = _registered(self._state, request.dataset_id, self._where)
+            dataset = self._registered(request.dataset_id)
             if self._state.snapshot(path) is not None:
                 raise status.already_exists(f"tf.data snapshot at {path} has already started or completed")
         if dataset.metadata.cardinality == -1:
@@ -315,15 +318,6 @@ class SnapshotCoordinator:
             self.assignments.release((snapshot.path, index))
         _quietly(layout.write_error, snapshot.path, code, message)
         log.warning("snapshot %s failed: %s", snapshot.path, message)
-
-
-def _registered(state: DispatcherState, dataset_id: str, where: str):
-    if not dataset_id:
-        raise status.invalid_argument("dataset_id must not be empty")
-    dataset = state.dataset(dataset_id)
-    if dataset is None:
-        raise status.not_found(f"dataset id {dataset_id!r} is not registered with {where}")
-    return dataset
 
 
 def _quietly(write: Callable[..., None], *args) -> None:

@@ -27,6 +27,18 @@ def _masked_crc(data: bytes) -> int:
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def check_plain_tensors(element_spec) -> None:
+    """ValueError unless every component is a plain tensor: ragged and sparse components are
+    variant tensors in TensorFlow's chunks, which this writer does not produce."""
+    import tensorflow as tf
+
+    if not all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec)):  # noqa: E721
+        raise ValueError(
+            f"distributed_save writes elements of plain tensors; this dataset's are {element_spec} "
+            "(convert ragged or sparse components to dense ones before saving)"
+        )
+
+
 def tensor_proto(array: np.ndarray, dtype_enum: int) -> bytes:
     """A component as a serialized TensorProto (what TensorFlow's Tensor::FromProto reads)."""
     shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape])

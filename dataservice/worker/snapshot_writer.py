@@ -25,7 +25,7 @@ from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import splits
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.snapshot import layout
-from dataservice.snapshot.chunk_file import ChunkWriter
+from dataservice.snapshot.chunk_file import ChunkWriter, check_plain_tensors
 from dataservice.v1 import common_pb2, dispatcher_pb2
 from dataservice.worker.dataset_cache import DatasetCache
 from dataservice.worker.element_iterator import ComponentIterator
@@ -113,11 +113,10 @@ class SnapshotWriters:
     def _write(self, chunk: common_pb2.SnapshotChunkDef, name: str, stopped: Callable[[], bool]) -> int:
         graph_def, element_spec = self._datasets.task_definition(chunk.dataset_id, 0)
         codec = self._datasets.codec(chunk.dataset_id)
-        if not all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec)):  # noqa: E721
-            raise status.invalid_argument(
-                f"distributed_save writes elements of plain tensors; this dataset's are {element_spec} "
-                "(convert ragged or sparse components to dense ones before saving)"
-            )
+        try:
+            check_plain_tensors(element_spec)
+        except ValueError as e:
+            raise status.invalid_argument(str(e)) from None
         sources = splits.find_sources(graph_lib.parse_graph(graph_def))
         ranges = {r.split_group: (r.begin, r.end) for r in chunk.ranges}
 
