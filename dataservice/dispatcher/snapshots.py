@@ -40,6 +40,9 @@ class ChunkAssignments:
     max_snapshots_per_worker: int = 0
     _writer: Dict[ChunkKey, str] = dataclasses.field(default_factory=dict)
     _by_worker: Dict[str, Set[ChunkKey]] = dataclasses.field(default_factory=dict)
+    # Per snapshot, an index below which every chunk is committed or being written: hand-outs
+    # (every heartbeat) scan from it, not from 0; a released chunk lowers it.
+    _scan_from: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     def of_worker(self, worker: str) -> Set[ChunkKey]:
         return set(self._by_worker.get(worker, ()))
@@ -56,11 +59,18 @@ class ChunkAssignments:
         worker = self._writer.pop(key, None)
         if worker is not None:
             self._by_worker[worker].discard(key)
+            self._lower_scan(key)
 
     def forget_worker(self, worker: str) -> None:
         """A lost worker's chunks are handed out again."""
         for key in self._by_worker.pop(worker, set()):
             self._writer.pop(key, None)
+            self._lower_scan(key)
+
+    def _lower_scan(self, key: ChunkKey) -> None:
+        path, index = key
+        if index < self._scan_from.get(path, 0):
+            self._scan_from[path] = index
 
     def adopt(self, worker: str, reported: Iterable[ChunkKey], snapshots: Dict[str, Snapshot]) -> List[ChunkKey]:
         """Takes in the chunks a worker reports writing (after a restart, the dispatcher does not
@@ -95,10 +105,11 @@ class ChunkAssignments:
         return new
 
     def _next_unwritten(self, snapshot: Snapshot) -> Optional[int]:
-        for index in range(snapshot.num_chunks):
-            if index not in snapshot.committed and (snapshot.path, index) not in self._writer:
-                return index
-        return None
+        index = self._scan_from.get(snapshot.path, 0)
+        while index < snapshot.num_chunks and (index in snapshot.committed or (snapshot.path, index) in self._writer):
+            index += 1
+        self._scan_from[snapshot.path] = index
+        return index if index < snapshot.num_chunks else None
 
 
 def chunk_def(snapshot: Snapshot, index: int) -> common_pb2.SnapshotChunkDef:
