@@ -73,6 +73,24 @@ def parse_target_workers(target_workers: str) -> int:
     return _TARGET_WORKERS[key]
 
 
+def cross_trainer_cache_problem(job_name: str, num_consumers: int, cardinality: Optional[int]) -> Optional[str]:
+    """What keeps a job from a cross-trainer cache, in TensorFlow's words (its
+    client/validate_utils.cc), or None. `cardinality` None: not known here (checked later)."""
+    if not job_name:
+        return "Cross-trainer caching requires named jobs. Got empty `job_name`."
+    if cardinality is not None and cardinality != -1:  # tf.data.INFINITE_CARDINALITY
+        return (
+            f"Cross-trainer caching requires the input dataset to be infinite. Got input with cardinality "
+            f"{cardinality}: add .repeat() to the pipeline"
+        )
+    if num_consumers:
+        return (
+            "Cross-trainer caching does not support coordinated reads. Got number of coordinated consumers: "
+            f"{num_consumers}"
+        )
+    return None
+
+
 def parse_data_transfer_protocol(protocol: Optional[str]) -> Optional[str]:
     """None (TCP from workers that offer it, else gRPC), "tcp" (the same), "local" (the same;
     TensorFlow's name for in-process workers, which every client reads through memory) or

@@ -172,19 +172,11 @@ class _ReadOptions:
             raise ValueError(f"max_outstanding_requests must be a positive integer, got {max_outstanding_requests!r}")
         self.data_transfer_protocol = modes.parse_data_transfer_protocol(data_transfer_protocol)
         self.trainer_id = _trainer_id(cross_trainer_cache)
-        if self.trainer_id and job_name is None:
-            # TensorFlow's checks and messages (client/validate_utils.cc), raised here rather than
-            # at the first element.
-            raise tf.errors.InvalidArgumentError(
-                None, None, "Cross-trainer caching requires named jobs. Got empty `job_name`."
-            )
-        if self.trainer_id and num_consumers is not None:
-            raise tf.errors.InvalidArgumentError(
-                None,
-                None,
-                f"Cross-trainer caching does not support coordinated reads. Got number of coordinated consumers: "
-                f"{num_consumers}",
-            )
+        if self.trainer_id:
+            # TensorFlow's checks, raised here rather than at the first element.
+            problem = modes.cross_trainer_cache_problem(job_name or "", num_consumers or 0, None)
+            if problem:
+                raise tf.errors.InvalidArgumentError(None, None, problem)
         self.target_workers = modes.parse_target_workers(target_workers)
         if self.target_workers == common_pb2.TARGET_WORKERS_LOCAL and num_consumers is not None:
             raise tf.errors.InvalidArgumentError(
@@ -200,12 +192,8 @@ class _ReadOptions:
         """Coordinated reads need an infinite dataset: every consumer reads every round; so does a
         cross-trainer cache (TensorFlow's message; UNKNOWN is left to the dispatcher)."""
         if self.trainer_id and cardinality >= 0:
-            raise tf.errors.InvalidArgumentError(
-                None,
-                None,
-                f"Cross-trainer caching requires the input dataset to be infinite. Got input with cardinality "
-                f"{cardinality}",
-            )
+            problem = modes.cross_trainer_cache_problem(self.job_name or "", self.num_consumers or 0, cardinality)
+            raise tf.errors.InvalidArgumentError(None, None, problem)
         if self.num_consumers is not None and cardinality >= 0:
             raise ValueError(
                 f"coordinated reads (consumer_index, num_consumers) need an infinite dataset, but this one has "

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import tensorflow as tf
 
-from dataservice import status
+from dataservice import modes, status
 from dataservice.config import NEVER, DispatcherConfig
 from dataservice.dispatcher import resume, status_report
 from dataservice.dispatcher.dataset_store import DatasetStore
@@ -335,7 +335,11 @@ class DispatcherCore:
                     "consumer runs out of rounds before the others"
                 )
             if request.use_cross_trainer_cache:
-                _check_cross_trainer_cache(request, dataset.metadata.cardinality)
+                problem = modes.cross_trainer_cache_problem(
+                    request.job_name, request.num_consumers, dataset.metadata.cardinality
+                )
+                if problem:
+                    raise status.invalid_argument(problem)
             existing = self._named_job(request)
         if existing is not None:
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
@@ -982,22 +986,6 @@ def _check_resumable(saved: Job, request: dispatcher_pb2.GetOrCreateJobRequest) 
     if mismatches:
         raise status.failed_precondition(
             "cannot restore the iterator into a different pipeline: " + "; ".join(mismatches)
-        )
-
-
-def _check_cross_trainer_cache(request: dispatcher_pb2.GetOrCreateJobRequest, cardinality: int) -> None:
-    """TensorFlow's conditions (and messages) for a job whose trainers share a cache."""
-    if not request.job_name:
-        raise status.invalid_argument("Cross-trainer caching requires named jobs. Got empty `job_name`.")
-    if cardinality != tf.data.INFINITE_CARDINALITY:
-        raise status.invalid_argument(
-            f"Cross-trainer caching requires the input dataset to be infinite. Got input with cardinality "
-            f"{cardinality}: add .repeat() to the pipeline"
-        )
-    if request.num_consumers:
-        raise status.invalid_argument(
-            "Cross-trainer caching does not support coordinated reads. Got number of coordinated consumers: "
-            f"{request.num_consumers}"
         )
 
 
