@@ -32,18 +32,23 @@ def test_a_worker_in_this_process_is_read_through_memory(cluster, protocol):
     assert set(_sent(worker)) == {"local"}, "nothing went over a socket"
 
 
+def _worker_elsewhere(cluster, *flags):
+    """A worker process whose address names another host."""
+    return ServerProcess(
+        "--role=worker",
+        f"--dispatcher_address={cluster.address}",
+        "--worker_address=worker-7.elsewhere.invalid:%port%",
+        "--no-monitoring",
+        *flags,
+    )
+
+
 def test_local_reads_read_this_hosts_workers_only():
     cluster = in_process_cluster(1)
     elsewhere = None
     try:
         # A worker process that names another host: LOCAL and AUTO readers here leave it alone.
-        elsewhere = ServerProcess(
-            "--role=worker",
-            f"--dispatcher_address={cluster.address}",
-            "--worker_address=worker-7.elsewhere.invalid:%port%",
-            "--worker_tags=COLOCATED",
-            "--no-monitoring",
-        )
+        elsewhere = _worker_elsewhere(cluster, "--worker_tags=COLOCATED")
         wait_for_workers(cluster.address, 2)
         for target in ("LOCAL", "AUTO"):
             ds = tf.data.Dataset.range(50).apply(
@@ -60,12 +65,7 @@ def test_local_reads_without_a_local_worker_fail_clearly():
     cluster = in_process_cluster(0)
     elsewhere = None
     try:
-        elsewhere = ServerProcess(
-            "--role=worker",
-            f"--dispatcher_address={cluster.address}",
-            "--worker_address=worker-7.elsewhere.invalid:%port%",
-            "--no-monitoring",
-        )
+        elsewhere = _worker_elsewhere(cluster)
         wait_for_workers(cluster.address, 1)
         ds = tf.data.Dataset.range(50).apply(
             service.distribute("parallel_epochs", cluster.target, target_workers="LOCAL")
