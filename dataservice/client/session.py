@@ -111,7 +111,6 @@ class IterationSession:
         iteration continues from (ResumeIteration), instead of joining repetition `repetition`."""
         self._address = dispatcher_address
         self.timeout_s = timeout_s
-        self.local_only = job.target_workers == common_pb2.TARGET_WORKERS_LOCAL
         self._target_workers = job.target_workers
         # Set once target_workers has left some of the iteration's tasks to other clients.
         self.reads_some_tasks = False
@@ -181,7 +180,7 @@ class IterationSession:
             # Tasks left to others: this client is done when its own tasks are, not when the
             # iteration is.
             self.reads_some_tasks = True
-            if response.tasks and not chosen and self.local_only:
+            if response.tasks and not chosen and self._target_workers == common_pb2.TARGET_WORKERS_LOCAL:
                 raise tf.errors.FailedPreconditionError(
                     None,
                     None,
