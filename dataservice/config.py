@@ -67,7 +67,7 @@ def _check_tls(config) -> None:
 # How elements can travel from workers to clients ("grpc": gRPC only; "tcp": TCP, gRPC beside it;
 # "local", TensorFlow's name for reading in-process workers through memory, which every client
 # does anyway: otherwise as "tcp"). None, in a worker's or a client's config, means "tcp".
-DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp", "local")
+DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp", "local", "unix")
 
 
 # A timeout of -1 means "never" where allowed: job_gc_timeout_ms (as TensorFlow's), never ending
@@ -184,10 +184,11 @@ class WorkerConfig:
     heartbeat_interval_ms: how often the worker reports to the dispatcher.
     dispatcher_timeout_ms: how long the worker keeps retrying an unreachable dispatcher.
     data_transfer_protocol: how clients read elements: "tcp" (the default, also
-      for None and "local") offers a plain TCP stream next to gRPC, without gRPC's copies
-      (dataservice/tcp_transfer.py); "grpc" serves elements over gRPC only. Clients in
-      the worker's own process always read through memory (transfer/local.py).
-    data_transfer_address: the address clients reach the TCP transfer at;
+      for None, "local" and "unix") offers a plain TCP stream next to gRPC, without gRPC's
+      copies, and a Unix socket with rings of shared memory to clients on the worker's host
+      (transfer/tcp.py, transfer/shared_memory.py); "grpc" serves elements over gRPC only.
+      Clients in the worker's own process always read through memory (transfer/local.py).
+    data_transfer_address: the address clients on other hosts reach the TCP transfer at;
       "%dts_port%" is replaced by its bound port. Default: worker_address's
       host with ":%dts_port%".
     data_transfer_port: the port the TCP transfer binds; 0 picks a free one.
@@ -240,11 +241,12 @@ class WorkerConfig:
             object.__setattr__(self, "worker_address", "localhost:%port%")
         elif not isinstance(self.worker_address, str) or not self.worker_address:
             raise ValueError(f"worker_address must be 'host:port', got {self.worker_address!r}")
-        if self.data_transfer_protocol in (None, "local"):
+        if self.data_transfer_protocol in (None, "local", "unix"):
             object.__setattr__(self, "data_transfer_protocol", "tcp")
         elif self.data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:
             raise ValueError(
-                f"data_transfer_protocol must be None, 'grpc', 'tcp' or 'local', got {self.data_transfer_protocol!r}"
+                "data_transfer_protocol must be None, 'grpc', 'tcp', 'unix' or 'local', "
+                f"got {self.data_transfer_protocol!r}"
             )
         tags = self.worker_tags
         if tags is None:

@@ -20,21 +20,28 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Iterator, List, Mapping, Optional, Union
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Union
 
 _PORT_LINE = re.compile(r"listening on port (\d+)(?:, monitoring on port (\d+))?")
 
 
 class ServerProcess:
-    """One `data-server` process. Its stderr is kept (the last lines) for error reports."""
+    """One `data-server` process. Its stderr is kept (the last lines) for error reports.
+    `launcher` prefixes the command (["ip", "netns", "exec", "ns1"] runs it on a test host)."""
 
-    def __init__(self, *args: str, start_timeout_s: float = 120.0, env: Optional[dict] = None):
+    def __init__(
+        self,
+        *args: str,
+        start_timeout_s: float = 120.0,
+        env: Optional[dict] = None,
+        launcher: Sequence[str] = (),
+    ):
         env = dict(os.environ if env is None else env)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["PYTHONUNBUFFERED"] = "1"
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dataservice.cli", *args],
+            [*launcher, sys.executable, "-m", "dataservice.cli", *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

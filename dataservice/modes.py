@@ -92,9 +92,10 @@ def cross_trainer_cache_problem(job_name: str, num_consumers: int, cardinality: 
 
 
 def parse_data_transfer_protocol(protocol: Optional[str]) -> Optional[str]:
-    """None (TCP from workers that offer it, else gRPC), "tcp" (the same), "local" (the same;
-    TensorFlow's name for in-process workers, which every client reads through memory) or
-    "grpc" (gRPC only)."""
+    """None (from a worker on this host its Unix socket and shared memory, else TCP where the
+    worker offers it, else gRPC), "unix" and "local" (the same; "local" is TensorFlow's name for
+    in-process workers, which every client reads through memory), "tcp" (TCP, never the Unix
+    socket) or "grpc" (gRPC only)."""
     if protocol is not None and protocol not in DATA_TRANSFER_PROTOCOLS:
-        raise ValueError(f"data_transfer_protocol must be None, 'grpc', 'tcp' or 'local', got {protocol!r}")
-    return None if protocol == "local" else protocol
+        raise ValueError(f"data_transfer_protocol must be None, 'grpc', 'tcp', 'unix' or 'local', got {protocol!r}")
+    return None if protocol in ("local", "unix") else protocol

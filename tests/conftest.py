@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import List, Optional
+import urllib.request
+from typing import Dict, List, Optional, Tuple
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -100,3 +102,22 @@ def to_list(dataset: tf.data.Dataset, limit: Optional[int] = None) -> list:
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+Samples = Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]
+
+
+def scrape(port: int, host: str = "localhost") -> Samples:
+    """The /metrics samples of the server whose monitoring port is `port` (on `host`)."""
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples named `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))

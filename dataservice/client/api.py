@@ -2,9 +2,9 @@
 those of tf.data.experimental.service.
 
 Arguments are checked here, before any RPC. The dataset a client gets back
-is an ordinary tf.data.Dataset: a generator over IterationReader chunks,
-unbatched inside tf.data when elements are stacked, then mapped back to the
-element structure (composite tensors rebuilt from their components).
+is an ordinary tf.data.Dataset: IterationReader chunks handed to tf.data one
+call per chunk, which rebuilds the elements in its own graph
+(saveable_stream.py, chunk_layout.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 import tensorflow as tf
 
 from dataservice import modes, tf_internal
+from dataservice.client.chunk_layout import ChunkLayout
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.reader import IterationReader
 from dataservice.client.saveable_stream import SaveableStream
@@ -25,6 +26,7 @@ from dataservice.pipeline import splits
 from dataservice.rpc import addresses
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import allocator
+from dataservice.transfer.chunk import element_at
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2
 
@@ -37,12 +39,13 @@ DatasetId = Union[str, bytes, int, tf.Tensor]
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 MAX_DEFAULT_BUDGET = 16384
 DEFAULT_VARIABLE_BUDGET = 256
-# Fixed-size elements of at least this many bytes are handed to tf.data one at a time.
-PER_ELEMENT_BYTES = 256 * 1024
-# Smaller ones: stacked chunks that have arrived together are handed over as one, up to this many
-# elements and about this many bytes.
-MERGE_UP_TO = 1024
-MERGE_BYTES = 4 * 1024 * 1024
+# Chunks that have arrived together are handed to tf.data as one, up to this many elements and
+# bytes: joining them is a copy, and a call into Python per chunk costs more for small ones. A
+# checkpoint holds the rest of the chunk being handed out.
+MERGE_ELEMENTS = 1024
+MERGE_BYTES = 1024 * 1024
+# A client reading elements this large keeps freed memory for reuse (transfer/allocator.py).
+LARGE_ELEMENT_BYTES = 256 * 1024
 
 
 class CrossTrainerCache:
@@ -230,16 +233,9 @@ def _service_dataset(
         options.trainer_id,
     )
     budget = options.element_budget(codec)
-    # Small fixed-size elements reach tf.data as stacked chunks that tf.data unbatches: one
-    # Python call per chunk, not per element. Large ones go one a call: unbatching would copy them once more.
-    stacked = codec.stackable and codec.element_bytes < PER_ELEMENT_BYTES
-    merge_up_to = 0
-    if stacked:
-        merge_up_to = min(MERGE_UP_TO, MERGE_BYTES // codec.element_bytes) if codec.element_bytes else MERGE_UP_TO
-    composite = not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(element_spec))
 
     def before_first() -> None:
-        if codec.element_bytes >= PER_ELEMENT_BYTES:
+        if codec.element_bytes >= LARGE_ELEMENT_BYTES:
             allocator.keep_freed_memory_in_client()
 
     if options.num_consumers is None:
@@ -258,12 +254,9 @@ def _service_dataset(
                 resume_from=resume_from,
             )
 
-        def pack(components: tuple) -> Any:
-            return tf.nest.pack_sequence_as(element_spec, list(components), expand_composites=composite)
-
-        dataset = SaveableStream(codec, open_reader, stacked, merge_up_to, pack, before_first).dataset()
+        dataset = SaveableStream(ChunkLayout(codec), open_reader, (MERGE_ELEMENTS, MERGE_BYTES), before_first).dataset()
     else:
-        dataset = _coordinated_dataset(target, job, codec, options, compression, stacked, element_spec)
+        dataset = _coordinated_dataset(target, job, codec, options, compression, element_spec)
     if cardinality == tf.data.INFINITE_CARDINALITY:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     return dataset
@@ -275,17 +268,17 @@ def _coordinated_dataset(
     codec: ElementCodec,
     options: _ReadOptions,
     compression: int,
-    stacked: bool,
     element_spec: Any,
 ) -> tf.data.Dataset:
     """Coordinated reads (consumer_index, num_consumers): a generator over the rounds, which
-    tf.data cannot save in a checkpoint (as TensorFlow's)."""
+    tf.data cannot save in a checkpoint (as TensorFlow's). Each round gives this consumer one
+    element, so the generator yields element by element."""
     # Composite components (ragged, sparse) are rebuilt inside tf.data; plain tensors are
     # yielded in the element's own structure.
-    composite = not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(element_spec))
+    composite = not codec.plain
 
-    def structure(components: tuple) -> Any:
-        return components if composite else tf.nest.pack_sequence_as(element_spec, list(components))
+    def structure(components: list) -> Any:
+        return tuple(components) if composite else tf.nest.pack_sequence_as(element_spec, components)
 
     # Each pass over the dataset is the next repetition: a new iteration of the named job.
     repetitions = itertools.count()
@@ -303,17 +296,12 @@ def _coordinated_dataset(
         )
         try:
             for chunk in reader:
-                if stacked or not codec.stackable:
-                    yield structure(chunk)
-                else:
-                    for i in range(len(chunk[0])):
-                        yield structure(tuple(component[i] for component in chunk))
+                for i in range(chunk.num_elements):
+                    yield structure(element_at(chunk, i))
         finally:
             reader.close()
 
     specs = tuple(codec.component_specs) if composite else element_spec
-    if stacked:
-        specs = tf.nest.map_structure(lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), specs)
     # Types and shapes rather than output_signature: TensorFlow then calls the generator through
     # numpy_function with light checks, instead of eager_py_func and a conversion of every value
     # to an eager tensor (which took 180-500 us an element; see _from_generator in TensorFlow).
@@ -323,8 +311,6 @@ def _coordinated_dataset(
             output_types=tf.nest.map_structure(lambda spec: spec.dtype, specs),
             output_shapes=tf.nest.map_structure(lambda spec: spec.shape, specs),
         )
-    if stacked:
-        dataset = dataset.unbatch()
     if composite:
         dataset = dataset.map(
             lambda *components: tf.nest.pack_sequence_as(element_spec, list(components), expand_composites=True)

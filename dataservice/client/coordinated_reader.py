@@ -18,12 +18,13 @@ from typing import Dict, Iterator, Optional, Tuple
 import grpc
 import tensorflow as tf
 
-from dataservice.client.reading_meter import ReadingMeter, component_bytes
+from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
 from dataservice.rpc.channels import shared_channels
 from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import grpc_service, wire
+from dataservice.transfer.chunk import Chunk
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 
@@ -82,7 +83,7 @@ class CoordinatedReader:
             self._error = error
             self._changed.notify_all()
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[Chunk]:
         while not self.session.stopped.is_set():
             self.meter.wait_started()
             task = self._task_of_round(self._round)
@@ -95,9 +96,9 @@ class CoordinatedReader:
             response, buffers = read
             if response.end_of_sequence:
                 return
-            element = self.codec.decode(response.chunk, buffers)
-            self.meter.handed(1, component_bytes(element))
-            yield element
+            chunk = self.codec.decode(response.chunk, buffers)
+            self.meter.handed(chunk.num_elements, chunk.nbytes)
+            yield chunk
 
     def _task_of_round(self, round_index: int) -> Optional[common_pb2.TaskInfo]:
         """The task serving the round (lost ones included: their rounds are skipped, which

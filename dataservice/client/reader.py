@@ -19,16 +19,16 @@ import threading
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
-import numpy as np
 import tensorflow as tf
 
 from dataservice.client.credits import CreditLedger
 from dataservice.client.element_streams import ElementStream, open_stream
-from dataservice.client.reading_meter import ReadingMeter, component_bytes
+from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
 from dataservice.rpc.tls import TlsFiles
-from dataservice.transfer import wire
+from dataservice.transfer import chunk as chunk_lib
+from dataservice.transfer import shared_memory
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 
@@ -42,7 +42,7 @@ _WAKE = None
 
 
 class IterationReader:
-    """An iterator over decoded chunks (tuples of component arrays) of one iteration."""
+    """An iterator over the decoded chunks (transfer/chunk.py) of one iteration."""
 
     def __init__(
         self,
@@ -63,6 +63,8 @@ class IterationReader:
         self.timeout_s = timeout_s
         self.compression = compression
         self.credits = CreditLedger(max_outstanding)
+        # The ring of shared memory a stream from a worker on this host asks for.
+        self.ring_bytes = shared_memory.ring_bytes_for(max_outstanding, codec.element_bytes)
         self.trainer_id = job.trainer_id
         self._queue: "queue.Queue[tuple]" = queue.Queue()
         self._streams: Dict[int, _TaskStream] = {}
@@ -95,17 +97,18 @@ class IterationReader:
 
     # ---- the consumer side -----------------------------------------------
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[chunk_lib.Chunk]:
         return self.chunks()
 
-    def chunks(self, merge_up_to: int = 0) -> Iterator[tuple]:
-        """The decoded chunks in arrival order. With `merge_up_to` (stacked chunks only),
-        the chunks already waiting are concatenated into one of at most that many
-        elements: a slow pipeline on many workers sends many small chunks, and each
-        chunk costs the consumer a call into Python from tf.data."""
-        return (chunk for chunk, _ in self.chunks_with_origin(merge_up_to))
+    def chunks(self, merge_elements: int = 0, merge_bytes: int = 0) -> Iterator[chunk_lib.Chunk]:
+        """The decoded chunks in arrival order. The chunks already waiting are joined into one of
+        up to `merge_elements` elements and `merge_bytes` bytes: a slow pipeline on many workers
+        sends many small chunks, and each chunk costs the consumer a call into Python from tf.data."""
+        return (chunk for chunk, _ in self.chunks_with_origin(merge_elements, merge_bytes))
 
-    def chunks_with_origin(self, merge_up_to: int = 0) -> Iterator[Tuple[tuple, List[Tuple[int, int]]]]:
+    def chunks_with_origin(
+        self, merge_elements: int = 0, merge_bytes: int = 0
+    ) -> Iterator[Tuple[chunk_lib.Chunk, List[Tuple[int, int]]]]:
         """chunks(), each with where its elements came from: (task id, element count) in order."""
         meter = self.meter
         while True:
@@ -121,8 +124,8 @@ class IterationReader:
                     return
                 continue
             taken = [first]
-            count = first[1]
-            while count < merge_up_to:
+            count, size = first[1], first[2].nbytes
+            while count < merge_elements and size < merge_bytes:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -130,9 +133,10 @@ class IterationReader:
                 if item is not _WAKE:
                     taken.append(item)
                     count += item[1]
+                    size += item[2].nbytes
             self.credits.consumed((stream.task_id, count) for stream, count, _ in taken)
-            chunk = taken[0][2] if len(taken) == 1 else tuple(_concatenate(p) for p in zip(*(i for _, _, i in taken)))
-            meter.handed(count, component_bytes(chunk))
+            chunk = chunk_lib.concatenate([c for _, _, c in taken])
+            meter.handed(chunk.num_elements, chunk.nbytes)
             yield chunk, [(stream.task_id, n) for stream, n, _ in taken]
             # tf.data asks for the next chunk once it has handed out this one's elements: only now
             # has the consumer gone past them.
@@ -189,8 +193,8 @@ class IterationReader:
 
     # ---- called by the streams -------------------------------------------
 
-    def put(self, stream: "_TaskStream", count: int, item: tuple) -> None:
-        self._queue.put((stream, count, item))
+    def put(self, stream: "_TaskStream", chunk: chunk_lib.Chunk) -> None:
+        self._queue.put((stream, chunk.num_elements, chunk))
 
     def stream_ended(self, stream: "_TaskStream", end_of_sequence: bool = False) -> None:
         """The stream will receive nothing more: the credits it was granted and did not use return.
@@ -244,15 +248,6 @@ class IterationReader:
             return sum(item[1] for item in self._queue.queue if item is not _WAKE)
 
 
-def _concatenate(parts: tuple) -> np.ndarray:
-    """The stacked parts as one array; numeric ones at an address TensorFlow adopts without copying
-    (strings are copied into tensors whatever their address)."""
-    if parts[0].dtype == object:
-        return np.concatenate(parts)
-    out = wire.tf_aligned_empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
-    return np.concatenate(parts, out=out)
-
-
 class _TaskStream:
     """Reads one task's elements from its worker, reconnecting on transient errors."""
 
@@ -291,16 +286,16 @@ class _TaskStream:
             ended = threading.Event()
             stream: Optional[ElementStream] = None
             try:
-                stream = open_stream(self._task, reader.protocol, self._requests(ended), reader.tls)
+                stream = open_stream(self._task, reader.protocol, self._requests(ended), reader.tls, reader.ring_bytes)
                 with self._cancel_lock:
                     self._stream = stream
                     if reader.stopped.is_set() or self._abandoned.is_set():
                         stream.cancel()
                 for response, buffers in stream:
-                    for chunk in response.chunks:
-                        components = reader.codec.decode(chunk, buffers)
+                    for proto in response.chunks:
+                        chunk = reader.codec.decode(proto, buffers)
                         reader.credits.received(self.task_id, chunk.num_elements)
-                        reader.put(self, chunk.num_elements, components)
+                        reader.put(self, chunk)
                     if response.end_of_sequence:
                         reader.stream_ended(self, end_of_sequence=True)
                         return
@@ -317,6 +312,13 @@ class _TaskStream:
                 where = f"reading task {self._task.task_id} from worker {self._task.worker_address}"
                 error = errors.to_tf_error(e, where)
                 retry = e.code() in errors.RETRYABLE_CODES
+            except ValueError as e:  # a message that does not decode (wire.py checks every size)
+                error = tf.errors.DataLossError(
+                    None,
+                    None,
+                    f"task {self._task.task_id}: worker {self._task.worker_address} sent a malformed data message: {e}",
+                )
+                retry = False
             finally:
                 ended.set()
                 if stream is not None:

@@ -12,14 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterable, Optional
+from typing import Optional
 
 from dataservice.rpc.dispatcher_client import ReadingTotals
-
-
-def component_bytes(components: Iterable) -> int:
-    """The bytes of a chunk's or an element's numpy components."""
-    return sum(getattr(component, "nbytes", 0) for component in components)
 
 
 class ReadingMeter:

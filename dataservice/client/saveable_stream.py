@@ -9,7 +9,7 @@ saved). So the elements reach tf.data through ops that can:
                                                 progress after it (elements taken per task)
       .take_while(more)
       .scan(progress)                           the state: that progress
-      .unbatch()                                (stacked chunks) or one element a call
+      .unbatch() or .flat_map(slices)           the chunk's elements (chunk_layout.py)
 
 The scan's state is what a checkpoint needs to resume: per task of the
 iteration, the elements that went past the scan (what the unbatch and
@@ -39,9 +39,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from dataservice.client.chunk_layout import ChunkLayout
 from dataservice.client.reader import IterationReader
-from dataservice.transfer import wire
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer import chunk as chunk_lib
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +74,9 @@ class _Slot:
         self.repetition = repetition
         self.calls = calls
         self.reader: Optional[IterationReader] = None
-        self.chunks: Optional[Iterator[Tuple[tuple, List[Tuple[int, int]]]]] = None
+        self.chunks: Optional[Iterator[Tuple[chunk_lib.Chunk, List[Tuple[int, int]]]]] = None
         # Elements handed to tf.data per task (the progress a checkpoint saves).
         self.handed: Dict[int, int] = {}
-        # Per-element reading: the chunk being handed out a row at a time, and each row's task.
-        self.pending: Optional[tuple] = None
-        self.pending_tasks: List[int] = []
-        self.pending_index = 0
         self.token_alive = True
         self.closed = False
         # A restored iterator's reader: the scan's state (the progress arrays fetch returned last)
@@ -90,7 +86,7 @@ class _Slot:
 
     def progress(self) -> Tuple[np.ndarray, np.ndarray]:
         tasks = sorted(self.handed)
-        out = (wire.tf_aligned_empty((len(tasks),), np.int64), wire.tf_aligned_empty((len(tasks),), np.int64))
+        out = (chunk_lib.aligned_empty((len(tasks),), np.int64), chunk_lib.aligned_empty((len(tasks),), np.int64))
         out[0][:] = tasks
         out[1][:] = [self.handed[t] for t in tasks]
         return out
@@ -109,50 +105,44 @@ class SaveableStream:
 
     `open_reader(repetition, resume_from)` opens an IterationReader: on repetition
     `repetition` of the job, or (resume_from given) on a new iteration continuing
-    from (task id, elements taken) pairs. `pack` makes an element of its components, in tf.data.
+    from (task id, elements taken) pairs. Chunks waiting together are joined up to
+    `merge` = (elements, bytes) (IterationReader.chunks).
     """
 
     def __init__(
         self,
-        codec: ElementCodec,
+        layout: ChunkLayout,
         open_reader: ReaderFactory,
-        stacked: bool,
-        merge_up_to: int,
-        pack: Callable[[tuple], object],
+        merge: Tuple[int, int],
         before_first: Callable[[], None] = lambda: None,
     ):
-        self._codec = codec
+        self._layout = layout
         self._open_reader = open_reader
-        self._stacked = stacked
-        self._merge_up_to = merge_up_to
-        self._pack = pack
+        self._merge = merge
         self._before_first = before_first
         self._repetitions = Repetitions()
         self._lock = threading.Lock()
         self._slots: Dict[int, _Slot] = {}
-        specs = codec.component_specs
-        self._types = [spec.dtype for spec in specs]
-        # What fetch returns per component: a chunk ([n, *shape]) or one element.
-        self._shapes = [tf.TensorShape([None]).concatenate(s.shape) if stacked else s.shape for s in specs]
 
     # ---- the pipeline ----------------------------------------------------------
 
     def dataset(self) -> tf.data.Dataset:
         """The service dataset: its elements in their own structure, from ops tf.data can save."""
-        types = [tf.bool, tf.int64, tf.int64, *self._types]
+        layout = self._layout
+        types = [tf.bool, tf.int64, tf.int64, *layout.types]
 
         def call(token: tf.Tensor, k: tf.Tensor):
             out = tf.numpy_function(self._fetch, [token, k], types, stateful=True)
-            more, tasks, counts, components = out[0], out[1], out[2], out[3:]
+            more, tasks, counts, arrays = out[0], out[1], out[2], out[3:]
             more.set_shape([])
             tasks.set_shape([None])
             counts.set_shape([None])
-            for component, shape in zip(components, self._shapes):
-                component.set_shape(shape)
-            return (more, tasks, counts, *components)
+            for array, shape in zip(arrays, layout.shapes):
+                array.set_shape(shape)
+            return (more, tasks, counts, *arrays)
 
         def step(state, element):
-            more, tasks, counts, *components = element
+            more, tasks, counts, *arrays = element
             del more
             # A marker has no progress of its own (counts empty): resume() gives the state after it.
             is_marker = tf.equal(tf.size(counts), 0) & tf.equal(tf.size(tasks), _MARKER_FIELDS)
@@ -165,8 +155,8 @@ class SaveableStream:
             )
             new_tasks.set_shape([None])
             new_counts.set_shape([None])
-            packed = self._pack(tuple(components))
-            return (new_tasks, new_counts), (packed if self._stacked else (is_marker, packed))
+            chunk = layout.pack_batched(arrays) if layout.unbatched else tuple(arrays)
+            return (new_tasks, new_counts), chunk
 
         tokens = tf.data.Dataset.from_tensors(np.int64(0)).map(
             lambda _: tf.numpy_function(self._new_token, [], tf.int64, stateful=True)
@@ -177,13 +167,11 @@ class SaveableStream:
         )
         # No stateless map after the scan: tf.data would run it in parallel, reading ahead of the
         # consumer, and a parallel_epochs task counts as consumed when fetch is called past its end.
-        if self._stacked:
-            # Markers are empty chunks: the unbatch drops them.
+        # Markers are empty chunks: they give no element.
+        if layout.unbatched:
             elements = progress.unbatch()
         else:
-            elements = progress.flat_map(
-                lambda is_marker, element: tf.data.Dataset.from_tensors(element).take(1 - tf.cast(is_marker, tf.int64))
-            )
+            elements = progress.flat_map(lambda *arrays: layout.elements(arrays))
         options = tf.data.Options()
         # fetch and resume talk to the service: state outside tf.data, which the scan's progress stands for.
         options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
@@ -201,7 +189,7 @@ class SaveableStream:
         slot = _Slot(repetition)
         # Aligned, so that TensorFlow adopts the array rather than copying it: the array then lives
         # as long as the iterator that holds the token.
-        token = wire.tf_aligned_empty((2,), np.int64)
+        token = chunk_lib.aligned_empty((2,), np.int64)
         token[:] = (handle, repetition)
         with self._lock:
             self._slots[handle] = slot
@@ -246,34 +234,22 @@ class SaveableStream:
         if slot.reader is None:
             self._before_first()
             slot.reader = self._open_reader(slot.repetition, None)
-            slot.chunks = slot.reader.chunks_with_origin(self._merge_up_to)
+            slot.chunks = slot.reader.chunks_with_origin(*self._merge)
             if not slot.token_alive:
                 log.debug("the iterator's token was copied: its reader closes at the end of its data")
         slot.calls += 1
         return self._next(handle, slot)
 
     def _next(self, handle: int, slot: _Slot):
-        """The next chunk (stacked) or element, with the progress after it; the end once the reader's is."""
-        if self._stacked or slot.pending_index >= len(slot.pending_tasks):
-            taken = next(slot.chunks, None)
-            if taken is None:
-                self._discard(handle, slot)
-                return self._empty(np.zeros(0, np.int64), more=False)
-            chunk, parts = taken
-            if self._stacked:
-                for task_id, count in parts:
-                    slot.handed[task_id] = slot.handed.get(task_id, 0) + count
-                return (True, *self._progress(handle, slot), *chunk)
-            slot.pending = chunk
-            slot.pending_tasks = [task_id for task_id, count in parts for _ in range(count)]
-            slot.pending_index = 0
-        i = slot.pending_index
-        slot.pending_index += 1
-        task_id = slot.pending_tasks[i]
-        slot.handed[task_id] = slot.handed.get(task_id, 0) + 1
-        if not self._codec.stackable:
-            return (True, *self._progress(handle, slot), *slot.pending)  # an unstackable chunk is one element
-        return (True, *self._progress(handle, slot), *(component[i] for component in slot.pending))
+        """The next chunk's arrays, with the progress after it; the end once the reader's is."""
+        taken = next(slot.chunks, None)
+        if taken is None:
+            self._discard(handle, slot)
+            return self._empty(np.zeros(0, np.int64), more=False)
+        chunk, parts = taken
+        for task_id, count in parts:
+            slot.handed[task_id] = slot.handed.get(task_id, 0) + count
+        return (True, *self._progress(handle, slot), *self._layout.arrays(chunk))
 
     def _resume(self, marker: np.ndarray, tasks: np.ndarray, counts: np.ndarray):
         """Opens the reader of a restored iterator; returns the progress to save from now on."""
@@ -285,7 +261,7 @@ class SaveableStream:
         progress = list(zip(tasks.tolist(), counts.tolist()))
         # Nothing taken yet (saved before the first element): the repetition starts anew.
         slot.reader = self._open_reader(repetition, progress or None)
-        slot.chunks = slot.reader.chunks_with_origin(self._merge_up_to)
+        slot.chunks = slot.reader.chunks_with_origin(*self._merge)
         slot.handed = {t: 0 for t in slot.reader.session.resumed_tasks}
         with self._lock:
             old = self._slots.get(handle)
@@ -296,13 +272,4 @@ class SaveableStream:
 
     def _empty(self, tasks: np.ndarray, more: bool):
         """A chunk with no element: the end (more False) or a marker (`tasks` the marker's fields)."""
-        components = []
-        for dtype, shape in zip(self._types, self._shapes):
-            dims = [d if d is not None else 0 for d in shape.as_list()] if shape.rank is not None else [0]
-            if self._stacked:
-                dims[0] = 0
-            if dtype == tf.string:
-                components.append(np.full(dims, b"", dtype=object))
-            else:
-                components.append(np.zeros(dims, dtype.as_numpy_dtype))
-        return (more, tasks, np.zeros(0, np.int64), *components)
+        return (more, tasks, np.zeros(0, np.int64), *self._layout.empty())

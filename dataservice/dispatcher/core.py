@@ -589,7 +589,10 @@ class DispatcherCore:
         return self._task_def(self._state.task(task_id))
 
     def _task_def(self, task: Task) -> common_pb2.TaskDef:
-        return self._state.task_def(task, tuple(self._config.worker_addresses or ()))
+        task_def = self._state.task_def(task, tuple(self._config.worker_addresses or ()))
+        # Not state: what the job's other tasks measured, for the worker's first chunks.
+        task_def.seconds_per_element = self._load.seconds_per_element(task_def.job_id) or 0.0
+        return task_def
 
     # ---- clients ---------------------------------------------------------------
 

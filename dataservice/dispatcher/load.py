@@ -198,6 +198,17 @@ class LoadTracker:
             self._client_job.pop(client_id, None)
         self._tasks.pop(job_id, None)
 
+    def seconds_per_element(self, job_id: int) -> Optional[float]:
+        """The job's pipeline time per element over what its tasks reported (None before any
+        element): new tasks of the job size their chunks by it (worker/chunk_iterator.py)."""
+        elements, seconds = 0, 0.0
+        for series in self._tasks.get(job_id, {}).values():
+            latest = series.latest
+            if latest is not None:
+                elements += latest.elements
+                seconds += latest.seconds_a
+        return seconds / elements if elements else None
+
     def job_ids(self) -> List[int]:
         return sorted(set(self._totals) | set(self._tasks))
 

@@ -253,7 +253,8 @@ class WorkerCollector:
     def __init__(self, read: Callable[[], Dict[str, Any]]):
         """`read` returns {"running_tasks", "buffered_elements", "buffered_bytes",
         "buffer_capacity_bytes", "produced": {dataset: (elements, bytes, seconds)},
-        "sent": {protocol: (elements, bytes)}, "open_streams": {protocol: n}}."""
+        "sent": {protocol: (elements, bytes)}, "open_streams": {protocol: n},
+        "shared_memory": {"ring_bytes", "messages", "inline_messages"}}."""
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
@@ -311,6 +312,21 @@ class WorkerCollector:
         for protocol, count in sorted(data["open_streams"].items()):
             streams.add_metric([protocol], count)
         yield streams
+        shared = data["shared_memory"]
+        yield _gauge(
+            "dataservice_worker_shared_memory_bytes",
+            "Bytes of the rings of shared memory of the open streams to clients on the worker's host",
+            shared["ring_bytes"],
+        )
+        messages = CounterMetricFamily(
+            "dataservice_worker_shared_memory_messages",
+            "Messages of streams with a ring of shared memory, by where their body went: the ring, or the "
+            "socket (no free slot: the client still held them)",
+            labels=["body"],
+        )
+        messages.add_metric(["ring"], shared["messages"])
+        messages.add_metric(["socket"], shared["inline_messages"])
+        yield messages
 
 
 def new_registry(collector: Any) -> CollectorRegistry:

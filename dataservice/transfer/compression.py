@@ -1,16 +1,20 @@
-"""Per-tensor compression: for compression="AUTO", LZ4 where a sample shows it pays off; for
-"SNAPPY", snappy on every tensor.
+"""Compression of a stream's buffers: for compression="AUTO", LZ4 where a sample shows it pays
+off; for "SNAPPY", snappy on every buffer.
 
 LZ4 compresses and decompresses at several GB/s, so it costs little even when
-it saves little; random or already-compressed data does not shrink at all,
-so a small sample is tried first and such tensors go out raw. "SNAPPY" is
+it saves little; random or already-compressed data does not shrink at all. A
+stream decides once per component, from a sample of the first buffer large
+enough to tell, whether that component is worth compressing
+(StreamCompressor): the elements of one component of one pipeline are alike,
+and sampling every buffer would cost as much as compressing it. "SNAPPY" is
 TensorFlow's setting that forces snappy whatever the data: kept for parity,
-so that a pipeline moved over keeps what it asked for.
+so that a pipeline moved over keeps what it asked for. Streams between
+processes of one host never compress (they are not short of bandwidth).
 """
 
 from __future__ import annotations
 
-from typing import Tuple, Union
+from typing import Dict, Sequence, Tuple, Union
 
 import cramjam
 import lz4.block
@@ -56,3 +60,45 @@ def decompress(codec: int, payload: BytesLike, uncompressed_size: int) -> BytesL
             raise ValueError(f"a snappy tensor decompressed to {len(out)} bytes, not {uncompressed_size}")
         return out
     raise ValueError(f"a tensor arrived with unknown compression codec {codec}")
+
+
+class StreamCompressor:
+    """One stream's compression (`mode`, a Compression value): per component, whether to
+    compress, decided from a sample of its first buffer of MIN_COMPRESS_BYTES or more."""
+
+    def __init__(self, mode: int):
+        self.mode = mode
+        self._decided: Dict[int, bool] = {}
+
+    def compress(self, component: int, parts: Sequence[BytesLike]) -> Tuple[int, BytesLike]:
+        """(codec, payload) for one buffer of `component` (given as parts back to back)."""
+        if self.mode == common_pb2.COMPRESSION_NONE:
+            return common_pb2.COMPRESSION_NONE, parts
+        size = sum(memoryview(p).nbytes for p in parts)
+        if self.mode == common_pb2.COMPRESSION_AUTO:
+            if size < MIN_COMPRESS_BYTES:
+                return common_pb2.COMPRESSION_NONE, parts
+            decided = self._decided.get(component)
+            if decided is None:
+                decided = self._decided[component] = _worth_it(parts)
+            if not decided:
+                return common_pb2.COMPRESSION_NONE, parts
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if self.mode == common_pb2.COMPRESSION_SNAPPY:
+            return compress(data, common_pb2.COMPRESSION_SNAPPY)
+        compressed = lz4.block.compress(data, store_size=False)
+        if len(compressed) > MAX_RATIO * size:
+            return common_pb2.COMPRESSION_NONE, parts
+        return common_pb2.COMPRESSION_LZ4, compressed
+
+
+def _worth_it(parts: Sequence[BytesLike]) -> bool:
+    """Whether LZ4 shrinks a sample of the parts' first SAMPLE_BYTES to MAX_RATIO or less."""
+    sample = bytearray()
+    for part in parts:
+        view = memoryview(part).cast("B")
+        sample += view[: SAMPLE_BYTES - len(sample)]
+        if len(sample) >= SAMPLE_BYTES:
+            break
+    compressed = lz4.block.compress(bytes(sample), store_size=False)
+    return len(compressed) <= MAX_RATIO * len(sample)

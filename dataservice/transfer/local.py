@@ -45,13 +45,10 @@ def find(worker_address: str) -> Optional[Serve]:
         return _workers.get(worker_address)
 
 
-def any_registered() -> bool:
-    with _lock:
-        return bool(_workers)
-
-
 class BufferList:
-    """The buffers of one response, taken in order (FrameBuffers' interface, without a frame)."""
+    """The buffers of one response, taken in order (FrameBuffers' interface, without a frame).
+    A buffer sent in parts (a column's values from several chunks) is joined here: the one copy
+    the local transfer makes."""
 
     def __init__(self, buffers: Sequence) -> None:
         self._buffers = list(buffers)
@@ -60,8 +57,11 @@ class BufferList:
     def take(self, size: int) -> memoryview:
         if self._next >= len(self._buffers):
             raise ValueError("a local response has fewer buffers than its chunks describe")
-        view = memoryview(self._buffers[self._next]).cast("B")
+        buffer = self._buffers[self._next]
         self._next += 1
+        if isinstance(buffer, list):  # wire.Contiguous: one buffer in parts
+            buffer = buffer[0] if len(buffer) == 1 else b"".join(buffer)
+        view = memoryview(buffer).cast("B")
         if view.nbytes != size:
             raise ValueError(f"a local buffer has {view.nbytes} bytes, its chunk says {size}")
         return view

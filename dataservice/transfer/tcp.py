@@ -1,4 +1,5 @@
-"""The worker's TCP data transfer: StreamElements over a plain TCP connection.
+"""The worker's stream transfers: StreamElements over a plain TCP connection, or over a Unix
+socket to a client on the worker's host.
 
 Why not only gRPC: grpc-python hands a received message to Python as bytes
 built by copying each of its slices and joining them (two copies), the client
@@ -18,30 +19,40 @@ One connection per task stream:
         stream ends with a response carrying error_code (a gRPC status code) and
         error_message.
 A worker that offers it registers the transfer address "tcp://host:port";
-gRPC (the worker's own address) stays available to every client.
+gRPC (the worker's own address) stays available to every client. A worker
+also listens on a Unix socket in the abstract namespace, named after its
+process ("unix://@dataservice-worker-<uid>"; nothing on the file system), and
+registers both addresses, comma-separated. A client connects to the Unix
+socket first: it exists only on the worker's host (and network namespace),
+so a connection that succeeds is the same-host transport, and one that is
+refused falls back to TCP. Over a Unix socket the stream may carry its
+message bodies in a ring of shared memory (shared_memory.py).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import ssl
 import struct
 import threading
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from dataservice.rpc.tls import TlsFiles
-from dataservice.transfer import wire
+from dataservice.transfer import shared_memory, wire
 from dataservice.v1 import worker_pb2
 
 log = logging.getLogger(__name__)
 
 SCHEME = "tcp://"
 PROTOCOL = "tcp"
+UNIX_SCHEME = "unix://"
+UNIX_PROTOCOL = "unix"
 _REQUEST_SIZE = struct.Struct("<I")
 # Bounds on what a peer may claim, so garbage on the port cannot make the other end allocate without limit.
 MAX_REQUEST_BYTES = 1024 * 1024
@@ -53,10 +64,30 @@ KEEPALIVE_INTERVAL_S = 10
 
 
 def transfer_address(address: str) -> Optional[str]:
-    """'host:port' of a "tcp://host:port" transfer address; None for any other (gRPC) address."""
-    if address.startswith(SCHEME):
-        return address[len(SCHEME) :]
-    return None
+    """'host:port' of the TCP transfer in a worker's transfer addresses; None when there is none."""
+    return transfer_addresses(address).get(PROTOCOL)
+
+
+def transfer_addresses(value: str) -> Dict[str, str]:
+    """A worker's registered transfer addresses ("tcp://host:port,unix://@name") by protocol:
+    {"tcp": "host:port", "unix": "@name"}; a gRPC address gives {}."""
+    found = {}
+    for address in value.split(","):
+        for scheme, protocol in ((SCHEME, PROTOCOL), (UNIX_SCHEME, UNIX_PROTOCOL)):
+            if address.startswith(scheme) and len(address) > len(scheme):
+                found.setdefault(protocol, address[len(scheme) :])
+    return found
+
+
+def unix_socket_name(worker_uid: int) -> str:
+    """The abstract Unix socket name of the worker process with this uid ("@..." as `ss` shows it)."""
+    return f"@dataservice-worker-{worker_uid:016x}"
+
+
+def _unix_address(name: str) -> str:
+    if not name.startswith("@") or len(name) < 2:
+        raise ValueError(f"a Unix transfer address must name an abstract socket ('@name'), got {name!r}")
+    return "\0" + name[1:]
 
 
 def split_host_port(address: str) -> Tuple[str, int]:
@@ -68,7 +99,10 @@ def split_host_port(address: str) -> Tuple[str, int]:
 
 
 def configure(sock: socket.socket) -> None:
-    """No Nagle delay (credits and small messages go out at once), and keepalive probes."""
+    """No Nagle delay (credits and small messages go out at once), and keepalive probes (TCP
+    only: a Unix socket has neither)."""
+    if sock.family == socket.AF_UNIX:
+        return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for option, value in (
@@ -131,6 +165,37 @@ class TlsStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def connect_unix(
+    name: str, timeout_s: float, tls: Optional[TlsFiles] = None, server_hostname: str = ""
+) -> socket.socket:
+    """A connection to the abstract Unix socket `name` ("@..."), over TLS with `tls` (the server's
+    certificate verified for `server_hostname`, its TCP host); raises OSError
+    (ConnectionRefusedError when no such socket exists here) when it cannot be made."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout_s)
+        sock.connect(_unix_address(name))
+        if tls is not None:
+            return TlsStream(tls.client_context().wrap_socket(sock, server_hostname=server_hostname or None))
+        sock.settimeout(None)
+        return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def listen_unix(name: str) -> socket.socket:
+    """A listening abstract Unix socket named `name` ("@...")."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(_unix_address(name))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"could not bind the Unix transfer socket {name}: {e}") from None
+    return sock
 
 
 def connect(address: str, timeout_s: float, tls: Optional[TlsFiles] = None) -> socket.socket:
@@ -214,29 +279,51 @@ def read_requests(sock: socket.socket) -> Iterator[worker_pb2.StreamElementsRequ
 def recv_response(sock: socket.socket) -> Tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]:
     """The next message's header and buffers; the body lands in TF_ALIGNMENT-aligned memory.
     Raises ConnectionError when the connection ends first."""
-    prefix = bytearray(wire.STREAM_PREFIX.size)
-    _recv_exactly(sock, memoryview(prefix))
-    header_size, body_size = wire.STREAM_PREFIX.unpack(prefix)
-    if header_size > MAX_HEADER_BYTES or body_size > MAX_BODY_BYTES:
-        raise ConnectionError(
-            f"a message claims a header of {header_size} bytes and a body of {body_size}: "
-            "the peer is not a dataservice worker"
-        )
-    header = bytearray(header_size)
-    _recv_exactly(sock, memoryview(header))
-    body = wire.tf_aligned_empty((body_size,), np.uint8)
-    _recv_exactly(sock, memoryview(body))
-    try:
-        response = worker_pb2.StreamElementsResponse.FromString(bytes(header))
-    except DecodeError:
-        raise ConnectionError("the peer sent a header that is not a StreamElementsResponse") from None
+    response, body, _ = recv_message(sock)
     return response, wire.FrameBuffers(body, 0, wire.TF_ALIGNMENT)
 
 
+def recv_message(
+    sock: socket.socket, receive_fd: bool = False
+) -> Tuple[worker_pb2.StreamElementsResponse, np.ndarray, Optional[int]]:
+    """The next message's header, its body (in TF_ALIGNMENT-aligned memory) and, with
+    `receive_fd`, the descriptor that came with it (shared_memory.py). Raises ConnectionError
+    when the connection ends first."""
+    prefix = bytearray(wire.STREAM_PREFIX.size)
+    fd = None
+    if receive_fd:
+        fd = shared_memory.recv_fd_into(sock, memoryview(prefix))
+    else:
+        _recv_exactly(sock, memoryview(prefix))
+    try:
+        header_size, body_size = wire.STREAM_PREFIX.unpack(prefix)
+        if header_size > MAX_HEADER_BYTES or body_size > MAX_BODY_BYTES:
+            raise ConnectionError(
+                f"a message claims a header of {header_size} bytes and a body of {body_size}: "
+                "the peer is not a dataservice worker"
+            )
+        header = bytearray(header_size)
+        _recv_exactly(sock, memoryview(header))
+        body = wire.tf_aligned_empty((body_size,), np.uint8)
+        _recv_exactly(sock, memoryview(body))
+        try:
+            response = worker_pb2.StreamElementsResponse.FromString(bytes(header))
+        except DecodeError:
+            raise ConnectionError("the peer sent a header that is not a StreamElementsResponse") from None
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    return response, body, fd
+
+
 def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    """Fills `view` from the socket: one call for the whole message where the kernel allows
+    (MSG_WAITALL), and more only when a signal or the socket's buffer interrupts it."""
+    flags = 0 if isinstance(sock, TlsStream) else socket.MSG_WAITALL
     received = 0
     while received < len(view):
-        count = sock.recv_into(view[received:])
+        count = sock.recv_into(view[received:], 0, flags) if flags else sock.recv_into(view[received:])
         if not count:
             raise ConnectionError("the connection was closed by the peer")
         received += count

@@ -1,56 +1,61 @@
-"""Elements on the wire: frames of a protobuf header and raw tensor buffers.
+"""Chunks on the wire: frames of a protobuf header and raw buffers.
 
 A data message (a StreamElements or GetElement response) over gRPC is a frame:
 
     u32 little-endian header size | header (the response proto) | buffers
 
-The header lists the chunks and, for each tensor, its dtype, shape and buffer
-size; the buffers follow in chunk, then component order, each at an offset
-that is a multiple of 8 from the frame's start. The worker builds a frame
-with one copy (joining the header and the arrays' memory) and the client
-reads each tensor as a numpy view of the received bytes, or, where that view
-is not aligned as TensorFlow needs to adopt it, as an aligned copy made on the
-receiving thread: no tensor byte goes through protobuf, and no TensorProto is
-built per element.
+The header lists the chunks (chunk.py) and, for each component, its dtype,
+shape and buffer sizes; the buffers follow in chunk, then component order,
+each at an offset that is a multiple of 8 from the frame's start. The worker
+builds a frame with one copy (joining the header and the arrays' memory) and
+the client reads each column as a numpy view of the received bytes, or, where
+that view is not aligned as TensorFlow needs to adopt it, as an aligned copy
+made on the receiving thread: no tensor byte goes through protobuf.
 
-Over the worker's TCP data transfer (tcp_transfer.py) the same header and
-buffers travel as a stream message whose body the worker sends from the
-arrays' own memory and the client receives straight into aligned memory: no
-copy at either end besides the kernel's.
+Over the worker's stream transfers (tcp.py: TCP, or a Unix socket on the same
+host) the same header and buffers travel as a stream message whose body the
+worker sends from the arrays' own memory (the elements of a column back to
+back, whichever chunks they were produced in) and the client receives
+straight into aligned memory: no copy at either end besides the kernel's.
 
 Composite tensors (sparse, ragged) travel as their component tensors, in
 tf.nest.flatten(expand_composites=True) order, and are rebuilt inside tf.data
-on the client. When every component has a fully defined shape, consecutive
-elements are stacked into one chunk so that the client hands tf.data a few
-large arrays instead of many small ones.
+on the client.
 """
 
 from __future__ import annotations
 
 import functools
 import struct
-from typing import Any, List, Sequence, Tuple, Type, TypeVar, Union
+from typing import Any, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import Message
 
 from dataservice import tf_internal
+from dataservice.transfer import chunk as chunk_lib
 from dataservice.transfer import compression
 from dataservice.v1 import common_pb2
 
 Components = List[np.ndarray]
-# A tensor's bytes on their way into a frame: bytes, or a 1-D uint8 array viewing the tensor.
-Buffer = Union[bytes, np.ndarray]
+# Bytes on their way into a message: bytes, a memoryview, or a 1-D uint8 array viewing a column.
+Buffer = Union[bytes, memoryview, np.ndarray]
 Header = TypeVar("Header", bound=Message)
+
+
+class Contiguous(list):
+    """Buffers laid out back to back, with no padding between them: the parts of one buffer
+    (a column's values from several chunks), sent from their own memory."""
+
+
+BufferEntry = Union[Buffer, Contiguous]
 
 _HEADER_SIZE = struct.Struct("<I")
 _ALIGNMENT = 8
-# TensorFlow adopts a numpy array's memory as a tensor's when it is aligned to this
-# (EIGEN_MAX_ALIGN_BYTES); otherwise it copies the array as tf.data takes it.
-TF_ALIGNMENT = 64
+TF_ALIGNMENT = chunk_lib.TF_ALIGNMENT
 _PADDING = bytes(TF_ALIGNMENT)
-# A TCP data message's sizes: its header's and its body's.
+# A stream data message's sizes: its header's and its body's.
 STREAM_PREFIX = struct.Struct("<IQ")
 
 
@@ -59,7 +64,15 @@ def numpy_dtype(dtype_enum: int) -> np.dtype:
     return np.dtype(tf.dtypes.as_dtype(dtype_enum).as_numpy_dtype)
 
 
-def frame(header: Message, buffers: Sequence[Buffer] = ()) -> bytes:
+def nbytes(buffer: BufferEntry) -> int:
+    if isinstance(buffer, Contiguous):
+        return sum(nbytes(part) for part in buffer)
+    if isinstance(buffer, np.ndarray):
+        return buffer.nbytes
+    return memoryview(buffer).nbytes
+
+
+def frame(header: Message, buffers: Sequence[BufferEntry] = ()) -> bytes:
     """The header and the buffers as one gRPC message (the only copy of the buffers' bytes)."""
     head = header.SerializeToString()
     parts: List[Buffer] = [_HEADER_SIZE.pack(len(head)), head]
@@ -78,31 +91,40 @@ def unframe(data: bytes, header_type: Type[Header]) -> Tuple[Header, "FrameBuffe
     return header_type.FromString(memoryview(data)[_HEADER_SIZE.size : end]), FrameBuffers(data, end, _ALIGNMENT)
 
 
-def stream_message(header: Message, buffers: Sequence[Buffer] = ()) -> List[Buffer]:
-    """The header and the buffers as the parts of one TCP data message (tcp_transfer.py), sent as
+def stream_message(header: Message, buffers: Sequence[BufferEntry] = ()) -> List[Buffer]:
+    """The header and the buffers as the parts of one stream data message (tcp.py), sent as
     they are:
 
         u32 header size | u64 body size | header | body
 
     The body holds the buffers at offsets from its start that are multiples of
     TF_ALIGNMENT: received into TF_ALIGNMENT-aligned memory, every numeric
-    tensor is where TensorFlow adopts it without a copy."""
+    column is where TensorFlow adopts it without a copy."""
     head = header.SerializeToString()
     body, body_size = _body(buffers, TF_ALIGNMENT, 0)
     return [STREAM_PREFIX.pack(len(head), body_size), head, *body]
 
 
-def _body(buffers: Sequence[Buffer], alignment: int, offset: int) -> Tuple[List[Buffer], int]:
+def stream_body(buffers: Sequence[BufferEntry]) -> Tuple[List[Buffer], int]:
+    """The body of stream_message(header, buffers): its parts and its size."""
+    return _body(buffers, TF_ALIGNMENT, 0)
+
+
+def _body(buffers: Sequence[BufferEntry], alignment: int, offset: int) -> Tuple[List[Buffer], int]:
     """The buffers, each padded to start at a multiple of `alignment` counting from `offset`
-    bytes before the first, and their size with the padding."""
+    bytes before the first (the parts of a Contiguous buffer without padding between them),
+    and their size with the padding."""
     parts: List[Buffer] = []
     start = offset
     for buffer in buffers:
         padding = -offset % alignment
         if padding:
             parts.append(_PADDING[:padding])
-        parts.append(buffer)
-        offset += padding + len(buffer)
+        if isinstance(buffer, Contiguous):
+            parts.extend(buffer)
+        else:
+            parts.append(buffer)
+        offset += padding + nbytes(buffer)
     return parts, offset - start
 
 
@@ -131,23 +153,34 @@ class FrameBuffers:
 
 
 class ElementCodec:
-    """Encodes and decodes the elements of one element spec."""
+    """Encodes and decodes the chunks of one element spec."""
 
     def __init__(self, element_spec: Any):
         self.element_spec = element_spec
         self.component_specs: List[tf.TensorSpec] = tf.nest.flatten(element_spec, expand_composites=True)
         self.dtype_enums = [spec.dtype.as_datatype_enum for spec in self.component_specs]
-        self.is_string = [spec.dtype == tf.string for spec in self.component_specs]
-        # Stacking needs equal shapes across elements.
-        self.stackable = all(spec.shape.is_fully_defined() for spec in self.component_specs)
+        self.kinds: List[chunk_lib.ColumnKind] = [
+            chunk_lib.ColumnKind(
+                np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype),
+                tuple(spec.shape.as_list()) if spec.shape.is_fully_defined() else None,
+                spec.shape.rank,
+            )
+            for spec in self.component_specs
+        ]
+        # Every component has one shape for all elements: stacked columns.
+        self.fixed_shapes = all(kind.fixed_shape is not None for kind in self.kinds)
+        # The element is plain tensors (no ragged or sparse components).
+        self.plain = all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec))  # noqa: E721
         self._single_tensor = isinstance(element_spec, tf.TensorSpec)
 
     @property
     def element_bytes(self) -> int:
         """Bytes of one element when every component has a fixed shape and size (else 0)."""
-        if not self.stackable or any(self.is_string):
+        if not self.fixed_shapes or any(kind.is_string for kind in self.kinds):
             return 0
-        return sum(spec.shape.num_elements() * spec.dtype.size for spec in self.component_specs)
+        return sum(kind.values_per_element * kind.dtype.itemsize for kind in self.kinds)
+
+    # ---- from the pipeline (workers) --------------------------------------
 
     def to_components(self, element: Any) -> Components:
         """An element from a tf.data iterator as numpy arrays, one per component."""
@@ -162,105 +195,127 @@ class ElementCodec:
         `numpy()` copies every array (so that callers may write to it), and a worker
         only reads and sends them."""
         return [
-            np.asarray(t.numpy(), dtype=object) if is_string else tf_internal.tensor_memory(t)
-            for t, is_string in zip(tensors, self.is_string)
+            np.asarray(t.numpy(), dtype=object) if kind.is_string else tf_internal.tensor_memory(t)
+            for t, kind in zip(tensors, self.kinds)
         ]
 
-    @staticmethod
-    def nbytes(components: Components) -> int:
-        total = 0
-        for array in components:
-            if array.dtype == object:
-                total += sum(len(x) for x in array.reshape(-1))
+    def element_chunk(self, tensors: Sequence[tf.Tensor]) -> chunk_lib.Chunk:
+        """One element's component tensors as a chunk of one."""
+        return chunk_lib.element_columns(self.kinds, self.tensors_to_components(tensors))
+
+    def batch_chunk(self, tensors: Sequence[tf.Tensor]) -> chunk_lib.Chunk:
+        """A batch of elements of fixed shapes (each component's tensor stacked, as the
+        pipeline's `batch` gives them) as a chunk."""
+        columns = []
+        for t, kind in zip(tensors, self.kinds):
+            if kind.is_string:
+                columns.append(chunk_lib.strings_column(t.numpy()))
             else:
-                total += array.nbytes
-        return total
+                columns.append(chunk_lib.Column(tf_internal.tensor_memory(t)))
+        return chunk_lib.Chunk(self.kinds, int(tensors[0].shape[0]), columns)
 
     # ---- encoding (workers) ----------------------------------------------
 
     def encode(
-        self, elements: Sequence[Components], compression_mode: int = common_pb2.COMPRESSION_NONE
-    ) -> Tuple[List[common_pb2.ElementChunk], List[Buffer]]:
-        """Elements as chunks (one stacked chunk when stackable, else one chunk per
-        element) and the buffers that follow them in a frame, each compressed as the
-        stream's `compression_mode` says (transfer/compression.py)."""
-        if not elements:
-            return [], []
-        if self.stackable:
-            if len(elements) == 1:
-                stacked = [a[np.newaxis] for a in elements[0]]
+        self, chunks: Sequence[chunk_lib.Chunk], compressor: Optional[compression.StreamCompressor] = None
+    ) -> Tuple[common_pb2.ElementChunk, List[BufferEntry]]:
+        """Consecutive chunks as one chunk of the wire and the buffers that follow it in a
+        message: each column's values from every chunk back to back, as they are (compressed
+        where `compressor`, the stream's, says so)."""
+        proto = common_pb2.ElementChunk(num_elements=sum(c.num_elements for c in chunks))
+        buffers: List[BufferEntry] = []
+        for i, (kind, dtype_enum) in enumerate(zip(self.kinds, self.dtype_enums)):
+            columns = [c.columns[i] for c in chunks if c.num_elements]
+            tensor = proto.components.add(dtype=dtype_enum)
+            if kind.is_string:
+                lengths = _joined([c.lengths for c in columns], np.int64)
+                tensor.lengths_size = lengths.nbytes
+                buffers.append(lengths.view(np.uint8))
+            if kind.fixed_shape is None:
+                shapes = _joined([c.shapes.reshape(-1) for c in columns], np.int64)
+                tensor.shapes_size = shapes.nbytes
+                buffers.append(shapes.view(np.uint8))
+            if kind.fixed_shape is not None and not kind.is_string:
+                tensor.shape.extend([proto.num_elements, *kind.fixed_shape])
             else:
-                stacked = [np.stack([e[i] for e in elements]) for i in range(len(self.component_specs))]
-            groups = [(len(elements), stacked)]
-        else:
-            groups = [(1, e) for e in elements]
-        chunks, buffers = [], []
-        for num_elements, components in groups:
-            chunk = common_pb2.ElementChunk(num_elements=num_elements)
-            for array, dtype_enum, is_string in zip(components, self.dtype_enums, self.is_string):
-                tensor = chunk.components.add(dtype=dtype_enum, shape=array.shape)
-                if is_string:
-                    flat = array.reshape(-1)
-                    buffer: Buffer = b"".join(flat)
-                    tensor.string_lengths.extend(len(x) for x in flat)
-                else:
-                    buffer = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-                if compression_mode != common_pb2.COMPRESSION_NONE:
-                    codec, payload = compression.compress(buffer, compression_mode)
-                    if codec != common_pb2.COMPRESSION_NONE:
-                        tensor.compression = codec
-                        tensor.uncompressed_size = len(buffer)
-                        buffer = payload
-                tensor.size = len(buffer)
-                buffers.append(buffer)
-            chunks.append(chunk)
-        return chunks, buffers
+                tensor.shape.append(sum(len(c.values) for c in columns) if not kind.is_string else len(lengths))
+            parts = Contiguous(_bytes_view(c.values) for c in columns if c.values.nbytes)
+            size = nbytes(parts)
+            values: BufferEntry = parts
+            if compressor is not None and size:
+                codec, payload = compressor.compress(i, parts)
+                if codec != common_pb2.COMPRESSION_NONE:
+                    tensor.compression = codec
+                    tensor.uncompressed_size = size
+                    values, size = payload, nbytes(payload)
+            tensor.size = size
+            buffers.append(values)
+        return proto, buffers
 
     # ---- decoding (clients) ----------------------------------------------
 
-    def decode(self, chunk: common_pb2.ElementChunk, buffers: FrameBuffers) -> tuple:
-        """The chunk's components as numpy arrays, taken from `buffers` (views of the
-        received message unless compressed or strings; stacked chunks keep their
-        leading dimension)."""
-        if len(chunk.components) != len(self.component_specs):
+    def decode(self, proto: common_pb2.ElementChunk, buffers: "FrameBuffers") -> chunk_lib.Chunk:
+        """The chunk's columns, taken from `buffers`: views of the received message unless
+        compressed, or unaligned (then aligned copies). Raises ValueError for a chunk that does
+        not fit the element spec."""
+        if len(proto.components) != len(self.kinds):
             raise ValueError(
-                f"a chunk has {len(chunk.components)} components but the element spec has {len(self.component_specs)}"
+                f"a chunk has {len(proto.components)} components but the element spec has {len(self.kinds)}"
             )
-        out = []
-        for tensor, is_string in zip(chunk.components, self.is_string):
-            shape = tuple(tensor.shape)
-            buffer = buffers.take(tensor.size)
-            buffer = compression.decompress(tensor.compression, buffer, tensor.uncompressed_size)
-            if is_string:
-                array = np.empty(len(tensor.string_lengths), dtype=object)
-                start = 0
-                for i, length in enumerate(tensor.string_lengths):
-                    array[i] = bytes(buffer[start : start + length])
-                    start += length
-                out.append(array.reshape(shape))
+        n = proto.num_elements
+        columns = []
+        for tensor, kind in zip(proto.components, self.kinds):
+            lengths = shapes = None
+            if kind.is_string:
+                lengths = np.frombuffer(buffers.take(tensor.lengths_size), np.int64)
+                _check(not len(lengths) or int(lengths.min()) >= 0)
+            if kind.fixed_shape is None:
+                shapes = np.frombuffer(buffers.take(tensor.shapes_size), np.int64)
+                _check(not len(shapes) or int(shapes.min()) >= 0)
+                if kind.rank is not None:
+                    _check(len(shapes) == n * kind.rank)
+                    shapes = shapes.reshape(n, kind.rank)
+            data = compression.decompress(tensor.compression, buffers.take(tensor.size), tensor.uncompressed_size)
+            if tensor.dtype != self.dtype_enums[len(columns)]:
+                raise ValueError(f"a chunk's component {len(columns)} has dtype {tensor.dtype}, not the spec's")
+            if kind.is_string:
+                values = np.frombuffer(data, np.uint8)
+                _check(values.nbytes == int(lengths.sum()))
             else:
-                out.append(tf_aligned(np.frombuffer(buffer, dtype=numpy_dtype(tensor.dtype)).reshape(shape)))
-        return tuple(out)
+                values = np.frombuffer(data, kind.dtype)
+                if kind.fixed_shape is not None:
+                    _check(len(values) == n * kind.values_per_element)
+                    values = values.reshape(n, *kind.fixed_shape)
+                values = chunk_lib.aligned(values)
+            column = chunk_lib.Column(values, lengths, shapes)
+            if kind.fixed_shape is None or kind.is_string:
+                counts = chunk_lib.element_counts(kind, column, n)
+                _check(int(counts.sum()) == (len(lengths) if kind.is_string else len(values)))
+            columns.append(column)
+        return chunk_lib.Chunk(self.kinds, n, columns)
+
+
+def _check(ok: bool) -> None:
+    if not ok:
+        raise ValueError("a chunk's buffers do not match the sizes its header gives")
+
+
+def _joined(arrays: Sequence[np.ndarray], dtype) -> np.ndarray:
+    if len(arrays) == 1:
+        return np.ascontiguousarray(arrays[0], dtype)
+    if not arrays:
+        return np.zeros(0, dtype)
+    return np.concatenate(arrays).astype(dtype, copy=False)
+
+
+def _bytes_view(array: np.ndarray) -> np.ndarray:
+    """The array's bytes as a 1-D uint8 array (a view when it is contiguous)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def tf_aligned(array: np.ndarray) -> np.ndarray:
-    """`array`, copied to TF_ALIGNMENT-aligned memory unless it is there already.
-
-    TensorFlow would copy an unaligned array anyway, on the tf.data thread that
-    hands elements to the training loop; copying here, on the thread that
-    receives the frame, takes that copy off the consumer's path (and frees the
-    frame sooner)."""
-    if array.ctypes.data % TF_ALIGNMENT == 0 or array.nbytes == 0:
-        return array
-    aligned = tf_aligned_empty(array.shape, array.dtype)
-    np.copyto(aligned, array)
-    return aligned
+    return chunk_lib.aligned(array)
 
 
 def tf_aligned_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array at a TF_ALIGNMENT-aligned address."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % TF_ALIGNMENT
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
+    return chunk_lib.aligned_empty(shape, dtype)

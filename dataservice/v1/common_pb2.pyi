@@ -59,7 +59,7 @@ class DatasetMetadata(_message.Message):
     def __init__(self, element_spec: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., cardinality: _Optional[int] = ...) -> None: ...
 
 class TaskDef(_message.Message):
-    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers", "num_consumers", "starting_round", "skip_elements", "repetition", "use_cross_trainer_cache")
+    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers", "num_consumers", "starting_round", "skip_elements", "repetition", "use_cross_trainer_cache", "seconds_per_element")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class TaskDef(_message.Message):
     SKIP_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
     USE_CROSS_TRAINER_CACHE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_ELEMENT_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_id: int
     job_id: int
@@ -86,7 +87,8 @@ class TaskDef(_message.Message):
     skip_elements: int
     repetition: int
     use_cross_trainer_cache: bool
-    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_consumers: _Optional[int] = ..., starting_round: _Optional[int] = ..., skip_elements: _Optional[int] = ..., repetition: _Optional[int] = ..., use_cross_trainer_cache: _Optional[bool] = ...) -> None: ...
+    seconds_per_element: float
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_consumers: _Optional[int] = ..., starting_round: _Optional[int] = ..., skip_elements: _Optional[int] = ..., repetition: _Optional[int] = ..., use_cross_trainer_cache: _Optional[bool] = ..., seconds_per_element: _Optional[float] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("task_id", "worker_address", "transfer_address", "finished", "starting_round", "lost", "worker_tags")
@@ -107,20 +109,22 @@ class TaskInfo(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., worker_address: _Optional[str] = ..., transfer_address: _Optional[str] = ..., finished: _Optional[bool] = ..., starting_round: _Optional[int] = ..., lost: _Optional[bool] = ..., worker_tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TensorData(_message.Message):
-    __slots__ = ("dtype", "shape", "string_lengths", "compression", "uncompressed_size", "size")
+    __slots__ = ("dtype", "shape", "compression", "uncompressed_size", "size", "lengths_size", "shapes_size")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
-    STRING_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHAPES_SIZE_FIELD_NUMBER: _ClassVar[int]
     dtype: int
     shape: _containers.RepeatedScalarFieldContainer[int]
-    string_lengths: _containers.RepeatedScalarFieldContainer[int]
     compression: Compression
     uncompressed_size: int
     size: int
-    def __init__(self, dtype: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., string_lengths: _Optional[_Iterable[int]] = ..., compression: _Optional[_Union[Compression, str]] = ..., uncompressed_size: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+    lengths_size: int
+    shapes_size: int
+    def __init__(self, dtype: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., compression: _Optional[_Union[Compression, str]] = ..., uncompressed_size: _Optional[int] = ..., size: _Optional[int] = ..., lengths_size: _Optional[int] = ..., shapes_size: _Optional[int] = ...) -> None: ...
 
 class ElementChunk(_message.Message):
     __slots__ = ("num_elements", "components")

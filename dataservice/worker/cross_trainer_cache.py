@@ -16,11 +16,14 @@ from typing import Dict, List, Optional, Tuple
 
 from dataservice import status
 from dataservice.config import DEFAULT_CROSS_TRAINER_CACHE_BYTES
-from dataservice.transfer.wire import Components
+from dataservice.transfer.chunk import Chunk
 from dataservice.worker.task_runner import TaskRunner
 
 # The most elements produced ahead of the trainer furthest ahead.
 READ_AHEAD_ELEMENTS = 1024
+# The largest chunk such a task's pipeline produces at once (chunk_iterator.py): its producer waits
+# for room only after making a chunk, so a chunk is what it may make beyond READ_AHEAD_ELEMENTS.
+CACHE_CHUNK_ELEMENTS = 16
 
 
 class CachingTaskRunner(TaskRunner):
@@ -39,19 +42,24 @@ class CachingTaskRunner(TaskRunner):
     def _furthest(self) -> int:
         return max(self._positions.values(), default=self._first)
 
-    def _must_wait(self, size: int) -> bool:
+    def _must_wait(self, elements: int, size: int) -> bool:
         # Read ahead of the furthest trainer: at most READ_AHEAD_ELEMENTS and the buffer's limits,
         # and at most half the window, so that elements produced ahead are not dropped before
         # anyone reads them.
         ahead = self._end() - self._furthest()
-        limit = max(1, min(READ_AHEAD_ELEMENTS, self._max_elements, self._cache_bytes // (2 * max(size, 1))))
-        return ahead >= limit or (ahead > 0 and ahead * size >= self._max_bytes)
+        element_size = max(size // max(elements, 1), 1)
+        limit = max(1, min(READ_AHEAD_ELEMENTS, self._max_elements, self._cache_bytes // (2 * element_size)))
+        return ahead >= limit or (ahead > 0 and ahead * element_size >= self._max_bytes)
 
-    def _stored(self) -> None:
+    def _store(self, chunk: Chunk, size: int) -> None:
+        # Trainers read from positions of their own: the window holds elements one by one.
+        for element in chunk.split():
+            super()._store(element, element.nbytes if chunk.num_elements > 1 else size)
         furthest = self._furthest()
         while self._buffered_bytes > self._cache_bytes and len(self._buffer) > 1 and self._first < furthest:
             _, size = self._buffer.popleft()
             self._buffered_bytes -= size
+            self._buffered_elements -= 1
             self._first += 1
 
     def _exhausted_error(self) -> Optional[BaseException]:
@@ -61,8 +69,8 @@ class CachingTaskRunner(TaskRunner):
 
     def take(
         self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0, trainer_id: str = ""
-    ) -> Tuple[List[Components], bool]:
-        """Up to `max_elements` elements from `trainer_id`'s position on; never done (the
+    ) -> Tuple[List[Chunk], bool]:
+        """Up to `max_elements` elements (chunks of one) from `trainer_id`'s position on; never done (the
         dataset is infinite). Raises the pipeline's error once the trainer reaches it."""
         with self._cond:
             self._positions.setdefault(trainer_id, self._first)
@@ -80,13 +88,13 @@ class CachingTaskRunner(TaskRunner):
                 lambda: available() >= max_elements or self._error is not None or self._stopped, linger_s
             )
             position = max(self._positions[trainer_id], self._first)  # behind the window: skip ahead
-            taken: List[Components] = []
+            taken: List[Chunk] = []
             taken_bytes = 0
             while position < self._end() and len(taken) < max_elements:
-                components, size = self._buffer[position - self._first]
+                element, size = self._buffer[position - self._first]
                 if taken and taken_bytes + size > max_bytes:
                     break
-                taken.append(components)
+                taken.append(element)
                 taken_bytes += size
                 position += 1
             self._positions[trainer_id] = position

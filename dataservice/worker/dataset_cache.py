@@ -32,7 +32,7 @@ import tensorflow as tf
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import seeds
 from dataservice.transfer.wire import ElementCodec
-from dataservice.worker.element_iterator import ComponentIterator
+from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator, ProductionRate
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ class _Entry:
         self.graph_def = graph_def
         self.element_spec = element_spec
         self.codec = ElementCodec(element_spec)
+        # How fast its pipeline runs on this worker: sizes the chunks of its next tasks.
+        self.rate = ProductionRate()
         self.whole: Optional[tf.data.Dataset] = None
         # A seeded shuffle or random source: each task builds its own copy (pipeline/seeds.py).
         self.seeded = seeds.has_seed_generators(graph_lib.parse_graph(graph_def))
@@ -80,9 +82,9 @@ class DatasetCache:
         self._lock = threading.Lock()
         self._entries: "collections.OrderedDict[str, _Entry]" = collections.OrderedDict()
         # dataset id -> (when prepared, the iterator), oldest first.
-        self._prepared: "collections.OrderedDict[str, Tuple[float, ComponentIterator]]" = collections.OrderedDict()
+        self._prepared: "collections.OrderedDict[str, Tuple[float, ChunkIterator]]" = collections.OrderedDict()
         self._preparing: Dict[str, concurrent.futures.Future] = {}
-        # Prepares datasets and destroys unused iterators (which can block: see element_iterator).
+        # Prepares datasets and destroys unused iterators (which can block: see chunk_iterator).
         self._background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="datasets")
 
     def _entry(self, dataset_id: str) -> _Entry:
@@ -114,6 +116,18 @@ class DatasetCache:
     def codec(self, dataset_id: str) -> ElementCodec:
         return self._entry(dataset_id).codec
 
+    def rate(self, dataset_id: str) -> ProductionRate:
+        """How fast the dataset's pipeline runs on this worker."""
+        return self._entry(dataset_id).rate
+
+    def chunk_iterator(
+        self, dataset_id: str, dataset: tf.data.Dataset, max_chunk: int = MAX_CHUNK_ELEMENTS
+    ) -> ChunkIterator:
+        """An iterator over `dataset` (a pipeline of the dataset `dataset_id`) in chunks sized by
+        the dataset's measured rate, of at most `max_chunk` elements."""
+        entry = self._entry(dataset_id)
+        return ChunkIterator(dataset, entry.codec, entry.rate, max_chunk)
+
     def whole_dataset(self, dataset_id: str) -> tf.data.Dataset:
         """The whole pipeline, built once and reused by every task that runs it whole."""
         entry = self._entry(dataset_id)
@@ -132,12 +146,14 @@ class DatasetCache:
             return self.whole_dataset(dataset_id)
         return graph_lib.dataset_from_graph(*self.task_definition(dataset_id, repetition))
 
-    def whole_iterator(self, dataset_id: str, repetition: int = 0) -> ComponentIterator:
+    def whole_iterator(
+        self, dataset_id: str, repetition: int = 0, max_chunk: int = MAX_CHUNK_ELEMENTS
+    ) -> ChunkIterator:
         """A fresh iterator of the whole pipeline: the prepared one if there is one and it fits
         (waiting for a preparation under way rather than doing the same work beside it)."""
-        if repetition and self._entry(dataset_id).seeded:
-            # Prepared iterators shuffle as repetition 0 does.
-            return ComponentIterator(self.task_dataset(dataset_id, repetition), self.codec(dataset_id))
+        if (repetition and self._entry(dataset_id).seeded) or max_chunk < MAX_CHUNK_ELEMENTS:
+            # Prepared iterators shuffle as repetition 0 does, and chunk as any task may.
+            return self.chunk_iterator(dataset_id, self.task_dataset(dataset_id, repetition), max_chunk)
         with self._lock:
             preparing = self._preparing.get(dataset_id)
         if preparing is not None:
@@ -146,7 +162,7 @@ class DatasetCache:
             prepared = self._prepared.pop(dataset_id, None)
         if prepared is not None:
             return prepared[1]
-        return ComponentIterator(self.task_dataset(dataset_id, repetition), self.codec(dataset_id))
+        return self.chunk_iterator(dataset_id, self.task_dataset(dataset_id, repetition), max_chunk)
 
     # ---- preparing ahead of tasks -----------------------------------------
 
@@ -161,9 +177,9 @@ class DatasetCache:
                 pass
 
     def _prepare(self, dataset_id: str) -> None:
-        iterator: Optional[ComponentIterator] = None
+        iterator: Optional[ChunkIterator] = None
         try:
-            iterator = ComponentIterator(self.task_dataset(dataset_id, 0), self.codec(dataset_id))
+            iterator = self.chunk_iterator(dataset_id, self.task_dataset(dataset_id, 0))
             iterator.peek()
         except Exception as e:  # noqa: BLE001 - a task of this dataset will report it
             log.info("could not prepare dataset %s ahead of its tasks: %s", dataset_id, e)
@@ -198,7 +214,7 @@ class DatasetCache:
             dropped = [self._prepared.pop(k)[1] for k in expired]
         self._drop(dropped)
 
-    def _drop(self, iterators: List[ComponentIterator]) -> None:
+    def _drop(self, iterators: List[ChunkIterator]) -> None:
         if iterators:
             try:
                 self._background.submit(iterators.clear)

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Deque, Dict, List, Optional, Set, Tuple
 
-from dataservice.transfer.wire import Components
+from dataservice.transfer.chunk import Chunk
 from dataservice.worker.task_runner import TaskRunner
 
 # Cut rounds kept for consumers that ask again.
@@ -29,13 +29,13 @@ class RoundRobinServer:
         self.starting_round = starting_round
         self._cond = threading.Condition()
         # round -> its elements (None: the pipeline ended before the round was full).
-        self._rounds: Dict[int, Optional[List[Components]]] = {}
+        self._rounds: Dict[int, Optional[List[Chunk]]] = {}
         self._order: Deque[int] = collections.deque()
         self._requested: Dict[int, Set[int]] = collections.defaultdict(set)
         self._cutting = False
 
-    def get(self, consumer_index: int, round_index: int, wait_s: float) -> Tuple[Optional[Components], bool]:
-        """(element, end_of_sequence) for the consumer's share of the round; (None, False)
+    def get(self, consumer_index: int, round_index: int, wait_s: float) -> Tuple[Optional[Chunk], bool]:
+        """(element as a chunk of one, end_of_sequence) for the consumer's share of the round; (None, False)
         when not every consumer has asked for the round within `wait_s` (ask again)."""
         if not 0 <= consumer_index < self._num_consumers:
             raise ValueError(
@@ -72,7 +72,7 @@ class RoundRobinServer:
         releases it while waiting for the pipeline."""
         self._cutting = True
         try:
-            elements: List[Components] = []
+            elements: List[Chunk] = []
             done = False
             self._cond.release()
             try:
@@ -80,7 +80,7 @@ class RoundRobinServer:
                     taken, done = self._runner.take(
                         self._num_consumers - len(elements), 1 << 62, max(0.05, deadline - time.monotonic())
                     )
-                    elements.extend(taken)
+                    elements.extend(element for chunk in taken for element in chunk.split())
                     if not taken and not done and self._runner.stopped:
                         done = True
             finally:

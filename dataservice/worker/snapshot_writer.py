@@ -26,9 +26,9 @@ from dataservice.pipeline import splits
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.snapshot import layout
 from dataservice.snapshot.chunk_file import ChunkWriter, check_plain_tensors
+from dataservice.transfer.chunk import element_at
 from dataservice.v1 import common_pb2, dispatcher_pb2
 from dataservice.worker.dataset_cache import DatasetCache
-from dataservice.worker.element_iterator import ComponentIterator
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +130,11 @@ class SnapshotWriters:
             layout.uncommitted_file(chunk.path, chunk.chunk_index, name), chunk.compression, codec.dtype_enums
         )
         try:
-            for components in ComponentIterator(dataset, codec):
+            for produced in self._datasets.chunk_iterator(chunk.dataset_id, dataset):
                 if stopped():
                     raise ChunkStopped()
-                writer.write(components)
+                for i in range(produced.num_elements):
+                    writer.write(element_at(produced, i))
             writer.close()
         except BaseException:
             writer.abort()

@@ -1,10 +1,11 @@
 """Runs the pipeline of one task into a bounded buffer that clients drain.
 
-One producer thread iterates the dataset and encodes each element into numpy
-components; client streams take elements out in batches. The buffer is
-bounded in elements and bytes, so a slow client stops the producer rather
-than growing the worker's memory. Several streams may drain one task (a
-shared job): each element goes to exactly one of them.
+One producer thread iterates the dataset in chunks (chunk_iterator.py);
+client streams take elements out, whole chunks or parts of one (a part is a
+view, not a copy). The buffer is bounded in elements and bytes, so a slow
+client stops the producer rather than growing the worker's memory. Several
+streams may drain one task (a shared job): each element goes to exactly one
+of them.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import threading
 import time
 from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from dataservice.transfer.wire import Components, ElementCodec
-from dataservice.worker.element_iterator import ComponentIterator
+import numpy as np
+
+from dataservice.transfer.chunk import Chunk
+from dataservice.transfer.wire import ElementCodec
+from dataservice.worker.chunk_iterator import ChunkIterator
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_ELEMENTS = 8192
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
-NOTIFY_EVERY = 256
 
 
 class ProductionTotals:
@@ -65,7 +68,7 @@ class TaskRunner:
     def __init__(
         self,
         task_id: int,
-        make_elements: Callable[[], ComponentIterator],
+        make_chunks: Callable[[], ChunkIterator],
         codec: Optional[ElementCodec],
         buffer_elements: int = DEFAULT_BUFFER_ELEMENTS,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
@@ -83,10 +86,12 @@ class TaskRunner:
         self._totals = totals
         if totals is not None:
             totals.add(self)
-        self._make_elements = make_elements
+        self._make_chunks = make_chunks
         self._max_elements = buffer_elements
         self._max_bytes = buffer_bytes
-        self._buffer: Deque[Tuple[Components, int]] = collections.deque()
+        # Chunks and their bytes, oldest first; what they hold in all.
+        self._buffer: Deque[Tuple[Chunk, int]] = collections.deque()
+        self._buffered_elements = 0
         self._buffered_bytes = 0
         self._exhausted = False
         self._error: Optional[BaseException] = None
@@ -106,27 +111,22 @@ class TaskRunner:
         clock = time.perf_counter
         try:
             started = clock()
-            elements = iter(self._make_elements())
+            chunks = iter(self._make_chunks())
             while True:
                 try:
-                    components = next(elements)
+                    chunk = next(chunks)
                 finally:
                     self.processing_seconds += clock() - started
-                size = self.codec.nbytes(components)
-                self.elements_produced += 1
+                size = chunk.nbytes
+                self.elements_produced += chunk.num_elements
                 self.bytes_produced += size
                 with self._cond:
-                    while not self._stopped and self._must_wait(size):
+                    while not self._stopped and self._must_wait(chunk.num_elements, size):
                         self._cond.wait()
                     if self._stopped:
                         return
-                    self._buffer.append((components, size))
-                    self._buffered_bytes += size
-                    self._stored()
-                    # Wake consumers for a first element or a full message, not for
-                    # every element: each wake-up costs a GIL hand-over.
-                    if len(self._buffer) == 1 or len(self._buffer) % NOTIFY_EVERY == 0:
-                        self._cond.notify_all()
+                    self._store(chunk, size)
+                    self._cond.notify_all()
                 started = clock()
         except StopIteration:
             error = self._exhausted_error()
@@ -145,19 +145,22 @@ class TaskRunner:
             self._exhausted = True
             self._cond.notify_all()
         # Only now, with the end already visible to clients, is the pipeline's
-        # iterator destroyed (which can block: see element_iterator).
-        del elements
+        # iterator destroyed (which can block: see chunk_iterator).
+        del chunks
 
     # ---- what a subclass changes ------------------------------------------
 
-    def _must_wait(self, size: int) -> bool:
-        """Whether the producer waits before storing an element of `size` bytes (lock held)."""
+    def _must_wait(self, elements: int, size: int) -> bool:
+        """Whether the producer waits before storing a chunk of `elements` and `size` bytes (lock held)."""
         return bool(self._buffer) and (
-            len(self._buffer) >= self._max_elements or self._buffered_bytes + size > self._max_bytes
+            self._buffered_elements + elements > self._max_elements or self._buffered_bytes + size > self._max_bytes
         )
 
-    def _stored(self) -> None:
-        """Called after an element was stored (lock held)."""
+    def _store(self, chunk: Chunk, size: int) -> None:
+        """Stores a chunk the producer made (lock held)."""
+        self._buffer.append((chunk, size))
+        self._buffered_elements += chunk.num_elements
+        self._buffered_bytes += size
 
     def _exhausted_error(self) -> Optional[BaseException]:
         """The error the end of the pipeline's elements is, if it is one."""
@@ -167,10 +170,11 @@ class TaskRunner:
 
     def take(
         self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0, trainer_id: str = ""
-    ) -> Tuple[List[Components], bool]:
-        """Up to `max_elements` elements (at least one, at most about `max_bytes`), and
-        whether the task is done (every element taken). Each element goes to one caller;
-        `trainer_id` is for the cross-trainer cache (cross_trainer_cache.py), not used here.
+    ) -> Tuple[List[Chunk], bool]:
+        """Chunks of up to `max_elements` elements in all (at least one element, at most about
+        `max_bytes`), and whether the task is done (every element taken). Each element goes to
+        one caller; `trainer_id` is for the cross-trainer cache (cross_trainer_cache.py), not
+        used here.
 
         Waits up to `timeout_s` for the first element, then up to `linger_s` for
         more, so a slow pipeline is not delayed by batching.
@@ -184,7 +188,7 @@ class TaskRunner:
             # throughput at the per-message cost, and a few ms add little latency.
             self._cond.wait_for(
                 lambda: (
-                    len(self._buffer) >= max_elements
+                    self._buffered_elements >= max_elements
                     or self._exhausted
                     or self._error is not None
                     or self._stopped
@@ -192,15 +196,23 @@ class TaskRunner:
                 ),
                 linger_s,
             )
-            taken: List[Components] = []
-            taken_bytes = 0
-            while self._buffer and len(taken) < max_elements:
-                components, size = self._buffer[0]
-                if taken and taken_bytes + size > max_bytes:
+            taken: List[Chunk] = []
+            count = taken_bytes = 0
+            while self._buffer and count < max_elements:
+                chunk, size = self._buffer[0]
+                fits = _fitting(chunk, size, max_elements - count, max_bytes - taken_bytes, first=not taken)
+                if fits == 0:
                     break
                 self._buffer.popleft()
+                if fits < chunk.num_elements:
+                    rest = chunk.slice(fits, chunk.num_elements)
+                    chunk = chunk.slice(0, fits)
+                    self._buffer.appendleft((rest, rest.nbytes))
+                    size -= rest.nbytes
+                self._buffered_elements -= fits
                 self._buffered_bytes -= size
-                taken.append(components)
+                taken.append(chunk)
+                count += fits
                 taken_bytes += size
             if taken:
                 self._cond.notify_all()
@@ -211,7 +223,7 @@ class TaskRunner:
     def buffered(self) -> Tuple[int, int]:
         """(elements, bytes) produced and not yet taken by a client."""
         with self._cond:
-            return len(self._buffer), self._buffered_bytes
+            return self._buffered_elements, self._buffered_bytes
 
     @property
     def capacity_bytes(self) -> int:
@@ -232,5 +244,17 @@ class TaskRunner:
         with self._cond:
             self._stopped = True
             self._buffer.clear()
-            self._buffered_bytes = 0
+            self._buffered_elements = self._buffered_bytes = 0
             self._cond.notify_all()
+
+
+def _fitting(chunk: Chunk, size: int, max_elements: int, max_bytes: int, first: bool) -> int:
+    """How many of the chunk's first elements fit in `max_elements` and `max_bytes` (at least
+    one when `first`: a message carries at least one element, however large)."""
+    if chunk.num_elements <= max_elements and size <= max_bytes:
+        return chunk.num_elements
+    count = min(chunk.num_elements, max_elements)
+    if size > max_bytes:
+        sizes = chunk.element_nbytes()[:count]
+        count = int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right"))
+    return max(count, 1) if first else count

@@ -1,9 +1,13 @@
-"""The worker's TCP data transfer server (protocol: dataservice/tcp.py).
+"""The worker's stream transfer servers (protocol: transfer/tcp.py): one on a TCP port, one on an
+abstract Unix socket for clients on the worker's host.
 
 One thread accepts connections; each connection is one task stream, served
 on a thread of its own by streaming.stream_task, as gRPC's StreamElements is.
 At most MAX_STREAMS are served at once: a client over the limit is told
-UNAVAILABLE and retries, as it would on an overloaded gRPC server.
+UNAVAILABLE and retries, as it would on an overloaded gRPC server. A Unix
+stream whose client asks for it carries its message bodies in a ring of
+shared memory (transfer/shared_memory.py), unless TLS is on (the ring's
+descriptor cannot travel over TLS) or the worker's rings are at their limit.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ from typing import Callable, Iterator, Optional, Set
 
 from dataservice import status
 from dataservice.rpc import auth
-from dataservice.transfer import tcp, wire
+from dataservice.transfer import shared_memory, tcp, wire
 from dataservice.v1 import worker_pb2
 from dataservice.worker import streaming
 
 log = logging.getLogger(__name__)
 
 MAX_STREAMS = 256
+# A ring's slots hold a message body of the largest usual size (streaming.py), with its padding.
+_RING_SLOT_BYTES = streaming.MAX_BYTES_PER_MESSAGE + 64 * 1024
 # How long a client may take over its TLS handshake.
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -32,7 +38,7 @@ StreamFn = Callable[
 ]
 
 
-def _listen(port: int) -> socket.socket:
+def listen_tcp(port: int) -> socket.socket:
     """A listening socket on all interfaces (IPv6 and IPv4 where the host has both)."""
     try:
         sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
@@ -52,22 +58,27 @@ def _listen(port: int) -> socket.socket:
 
 
 class TcpTransferServer:
-    """Serves task streams over TCP with `stream_fn` (streaming.stream_task bound to a worker)."""
+    """Serves task streams accepted on `listener` (a TCP or Unix socket, listen_tcp or
+    tcp.listen_unix) with `stream_fn` (streaming.stream_task bound to a worker). `rings`: Unix
+    streams may use shared memory, within this budget."""
 
     def __init__(
         self,
         stream_fn: StreamFn,
-        port: int,
+        listener: socket.socket,
         auth_token: Optional[str] = None,
         server: str = "the worker",
         ssl_context: Optional[ssl.SSLContext] = None,
+        rings: Optional[shared_memory.RingBudget] = None,
     ):
         self._stream_fn = stream_fn
         self._ssl = ssl_context
         self._auth_token = auth_token
         self._server = server
-        self._listener = _listen(port)
-        self.port: int = self._listener.getsockname()[1]
+        self._listener = listener
+        self._rings = rings if ssl_context is None and shared_memory.available() else None
+        address = self._listener.getsockname()
+        self.port: int = address[1] if isinstance(address, tuple) else 0
         self._lock = threading.Lock()
         self._connections: Set[socket.socket] = set()
         self._stopped = threading.Event()
@@ -128,11 +139,16 @@ class TcpTransferServer:
             if refused is not None:
                 _send_error(conn, status.Code.UNAUTHENTICATED, refused)
                 return
+            sender = _MessageSender(conn, self._rings, request.shared_memory_bytes)
             try:
-                for header, buffers in self._stream_fn(request, requests, lambda: not self._stopped.is_set()):
-                    tcp.send_parts(conn, wire.stream_message(header, buffers))
+                for header, buffers in self._stream_fn(
+                    request, sender.releasing(requests), lambda: not self._stopped.is_set()
+                ):
+                    sender.send(header, buffers)
             except status.ServiceError as e:
                 _send_error(conn, e.code, e.message)
+            finally:
+                sender.close()
         except OSError as e:
             log.debug("a data transfer connection ended: %s", e)
         finally:
@@ -165,6 +181,70 @@ class TcpTransferServer:
             pass
         finally:
             _close(conn)
+
+
+class _MessageSender:
+    """Sends one stream's messages: their bodies in the message, or in the stream's ring of
+    shared memory when it has one (made with the first body, if the client asked for one of
+    `ring_bytes` and `rings` allows it) and the body fits in it."""
+
+    def __init__(self, conn: socket.socket, rings: Optional[shared_memory.RingBudget], ring_bytes: int):
+        self._conn = conn
+        self._budget = rings
+        # Whether the next body may go into a ring (the client asked, none was refused).
+        self._wants_ring = rings is not None and ring_bytes > 0
+        self._ring_bytes = ring_bytes
+        self._ring: Optional[shared_memory.Ring] = None
+        # What the ring took of the budget (its slots may use a little less).
+        self._ring_taken = 0
+        self._ring_sent = False
+
+    def releasing(self, requests: Iterator[worker_pb2.StreamElementsRequest]):
+        """The client's later requests, with the ring regions they release released."""
+        for request in requests:
+            if request.released_regions and self._ring is not None:
+                self._ring.release(list(request.released_regions))
+            yield request
+
+    def send(self, header: worker_pb2.StreamElementsResponse, buffers) -> None:
+        if self._wants_ring and buffers:
+            body, size = wire.stream_body(buffers)
+            ring = self._ring or self._make_ring()
+            offset = ring.allocate(size) if ring is not None else None
+            if ring is not None:
+                self._budget.count(in_ring=offset is not None)
+            if offset is not None:
+                ring.write(offset, body)
+                header.region_offset, header.region_size = offset, size
+                if not self._ring_sent:
+                    header.ring_bytes = ring.size
+                    shared_memory.send_fd(self._conn, b"".join(wire.stream_message(header)), ring.fd)
+                    self._ring_sent = True
+                else:
+                    tcp.send_parts(self._conn, wire.stream_message(header))
+                return
+        tcp.send_parts(self._conn, wire.stream_message(header, buffers))
+
+    def _make_ring(self) -> Optional[shared_memory.Ring]:
+        size = self._budget.take(self._ring_bytes)
+        if not size:
+            self._wants_ring = False  # this stream goes without
+            return None
+        try:
+            self._ring = shared_memory.Ring(size, _RING_SLOT_BYTES)
+        except OSError as e:
+            log.info("no ring of shared memory for a stream: %s", e)
+            self._budget.give_back(size)
+            self._wants_ring = False
+            return None
+        self._ring_taken = size
+        return self._ring
+
+    def close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._budget.give_back(self._ring_taken)
+            self._ring = None
 
 
 def _send_error(conn: socket.socket, code: status.Code, message: str) -> None:

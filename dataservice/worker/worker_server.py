@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import socket
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -28,20 +29,20 @@ from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import policy, sharding, splits
 from dataservice.rpc import servers
 from dataservice.rpc.dispatcher_client import DispatcherClient
-from dataservice.transfer import grpc_service, local, tcp
+from dataservice.transfer import grpc_service, local, shared_memory, tcp
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.worker import streaming
-from dataservice.worker.cross_trainer_cache import CachingTaskRunner
+from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator
+from dataservice.worker.cross_trainer_cache import CACHE_CHUNK_ELEMENTS, CachingTaskRunner
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
-from dataservice.worker.element_iterator import ComponentIterator
 from dataservice.worker.grpc_servicer import WorkerServicer
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.snapshot_writer import SnapshotWriters
 from dataservice.worker.split_fetcher import SplitFetcher
 from dataservice.worker.task_book import TaskBook
 from dataservice.worker.task_runner import ProductionTotals, TaskRunner
-from dataservice.worker.tcp_server import TcpTransferServer
+from dataservice.worker.tcp_server import TcpTransferServer, listen_tcp
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +85,30 @@ class WorkerServer:
         # Clients read elements over TCP where the worker offers it (else over gRPC, at self.address).
         self._tcp: Optional[TcpTransferServer] = None
         self.transfer_address = self.address
+        self._unix: Optional[TcpTransferServer] = None
+        self._rings = shared_memory.RingBudget()
         if config.data_transfer_protocol == tcp.PROTOCOL:
             self._tcp = TcpTransferServer(
                 functools.partial(streaming.stream_task, streams, protocol=tcp.PROTOCOL),
-                config.data_transfer_port,
+                listen_tcp(config.data_transfer_port),
                 auth_token=security.auth_token,
                 server=f"worker {self.address}",
                 ssl_context=security.ssl_context(),
             )
-            self.transfer_address = tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))
+            addresses = [tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))]
+            if hasattr(socket, "AF_UNIX"):
+                # Clients on this host: a Unix socket, with rings of shared memory (transfer/tcp.py).
+                name = tcp.unix_socket_name(self._uid)
+                self._unix = TcpTransferServer(
+                    functools.partial(streaming.stream_task, streams, protocol=tcp.UNIX_PROTOCOL),
+                    tcp.listen_unix(name),
+                    auth_token=security.auth_token,
+                    server=f"worker {self.address}",
+                    ssl_context=security.ssl_context(),
+                    rings=self._rings,
+                )
+                addresses.append(tcp.UNIX_SCHEME + name)
+            self.transfer_address = ",".join(addresses)
         self._dispatcher = DispatcherClient(
             config.dispatcher_address,
             config.dispatcher_timeout_ms / 1000,
@@ -114,8 +130,9 @@ class WorkerServer:
         if self._heartbeat_thread is not None:
             return
         self._server.start()
-        if self._tcp is not None:
-            self._tcp.start()
+        for transfer in (self._tcp, self._unix):
+            if transfer is not None:
+                transfer.start()
         if self._registry is not None:
             self._monitoring = MonitoringServer(
                 self._config.monitoring_port, self._registry, role="worker", health=self._health
@@ -143,8 +160,9 @@ class WorkerServer:
             runner.stop()
         self._snapshot_writers.stop()
         self._datasets.stop()
-        if self._tcp is not None:
-            self._tcp.stop()
+        for transfer in (self._tcp, self._unix):
+            if transfer is not None:
+                transfer.stop()
         if self._monitoring is not None:
             self._monitoring.stop()
         self._server.stop(grace_s).wait()
@@ -267,17 +285,17 @@ class WorkerServer:
             return
         try:
             codec: Optional[ElementCodec] = self._datasets.codec(task.dataset_id)
-            make_elements = functools.partial(self._task_elements, task)
+            make_chunks = functools.partial(self._task_elements, task)
         except status.ServiceError as e:
             # The worker will not run the dataset: the task starts and fails with the reason,
             # which its clients raise.
-            codec, make_elements = None, functools.partial(_raise, e)
+            codec, make_chunks = None, functools.partial(_raise, e)
 
         def start() -> Tuple[TaskRunner, Optional[RoundRobinServer]]:
             if task.use_cross_trainer_cache:
                 runner: TaskRunner = CachingTaskRunner(
                     task.task_id,
-                    make_elements,
+                    make_chunks,
                     codec,
                     dataset_id=task.dataset_id,
                     totals=self._production,
@@ -286,7 +304,7 @@ class WorkerServer:
             else:
                 runner = TaskRunner(
                     task.task_id,
-                    make_elements,
+                    make_chunks,
                     codec,
                     dataset_id=task.dataset_id,
                     totals=self._production,
@@ -307,11 +325,13 @@ class WorkerServer:
             ),
         )
 
-    def _task_elements(self, task: common_pb2.TaskDef) -> ComponentIterator:
+    def _task_elements(self, task: common_pb2.TaskDef) -> ChunkIterator:
         """The elements of a task's pipeline: whole (parallel_epochs), over the dispatcher's
         splits (distributed_epoch), or this worker's static shard."""
         policy = task.processing_mode.sharding_policy
-        codec = self._datasets.codec(task.dataset_id)
+        # The cross-trainer cache produces only just ahead of its trainers: small chunks.
+        max_chunk = CACHE_CHUNK_ELEMENTS if task.use_cross_trainer_cache else MAX_CHUNK_ELEMENTS
+        self._datasets.rate(task.dataset_id).suggest(task.seconds_per_element)
         keepalive = None
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
             graph_def, element_spec = self._datasets.task_definition(task.dataset_id, task.repetition)
@@ -326,7 +346,7 @@ class WorkerServer:
                 task.worker_index,
             )
         elif not task.skip_elements:
-            return self._datasets.whole_iterator(task.dataset_id, task.repetition)
+            return self._datasets.whole_iterator(task.dataset_id, task.repetition, max_chunk)
         else:
             dataset = self._datasets.task_dataset(task.dataset_id, task.repetition)
         if task.skip_elements:
@@ -334,7 +354,7 @@ class WorkerServer:
             dataset = dataset.skip(task.skip_elements)
         # A rebuilt graph's function must outlive the dataset's iterator.
         dataset._dataservice_keepalive = keepalive  # pylint: disable=protected-access
-        return ComponentIterator(dataset, codec)
+        return self._datasets.chunk_iterator(task.dataset_id, dataset, max_chunk)
 
     def _delete_task(self, task_id: int) -> None:
         runner = self._tasks.remove(task_id)
@@ -358,8 +378,9 @@ class WorkerServer:
             "produced": self._production.by_dataset(),
             "sent": sent,
             "open_streams": open_streams,
+            "shared_memory": self._rings.totals(),
         }
 
 
-def _raise(error: BaseException) -> ComponentIterator:
+def _raise(error: BaseException) -> ChunkIterator:
     raise error

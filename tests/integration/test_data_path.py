@@ -13,12 +13,11 @@ import pytest
 import tensorflow as tf
 
 import dataservice as service
-from dataservice.client import api
-from dataservice.client.reader import _concatenate
 from dataservice.local_cluster import LocalCluster
 from dataservice.pipeline import graph as graph_lib
 from dataservice.rpc.channels import SharedChannels
-from dataservice.transfer import allocator, wire
+from dataservice.transfer import allocator
+from dataservice.worker import chunk_iterator
 from dataservice.worker.dataset_cache import DatasetCache
 
 pytestmark = pytest.mark.timeout(240)
@@ -47,9 +46,9 @@ def test_a_prepared_dataset_hands_its_first_iterator_to_the_first_task():
         assert cache.prepared == ["a"]
         first = cache.whole_iterator("a")
         assert cache.prepared == []
-        assert [int(c[0]) for c in first] == [0, 3, 6, 9, 12]
+        assert [int(v) for c in first for v in c.columns[0].values] == [0, 3, 6, 9, 12]
         # Later tasks get fresh iterators of the same built dataset; the definition was fetched once.
-        assert [int(c[0]) for c in cache.whole_iterator("a")] == [0, 3, 6, 9, 12]
+        assert [int(v) for c in cache.whole_iterator("a") for v in c.columns[0].values] == [0, 3, 6, 9, 12]
         assert definitions.fetches == 1
     finally:
         cache.stop()
@@ -114,8 +113,8 @@ def test_shared_channels_are_reused_and_idle_ones_bounded():
     channels.release("localhost:1")
 
 
-@pytest.mark.parametrize("length", [1024, api.PER_ELEMENT_BYTES // 4])
-def test_small_elements_travel_stacked_and_large_ones_alone(cluster, length):
+@pytest.mark.parametrize("length", [1024, chunk_iterator.PER_ELEMENT_BYTES // 4])
+def test_small_elements_batched_in_the_pipeline_and_large_ones_taken_alone(cluster, length):
     source = tf.data.Dataset.range(40).map(lambda i: (tf.fill([length], tf.cast(i, tf.float32)), {"i": i}))
     ds = source.apply(service.distribute("parallel_epochs", cluster.target))
     out = list(ds.as_numpy_iterator())
@@ -195,11 +194,3 @@ def test_a_client_reading_large_elements_keeps_freed_memory_unless_told_not_to()
     opted_out = _freed_after_large_reads(**{allocator.CLIENT_OPT_OUT_ENV: "0"})
     assert kept >= allocator.TOP_PAD_BYTES // 2, (kept, opted_out)
     assert opted_out < allocator.TOP_PAD_BYTES // 2, (kept, opted_out)
-
-
-def test_merged_chunks_are_aligned_for_tensorflow_and_strings_merge_too():
-    floats = _concatenate((np.ones((3, 2), np.float32), np.zeros((2, 2), np.float32)))
-    assert floats.shape == (5, 2) and floats.ctypes.data % wire.TF_ALIGNMENT == 0
-    np.testing.assert_array_equal(floats, [[1, 1]] * 3 + [[0, 0]] * 2)
-    strings = _concatenate((np.array([b"a"], dtype=object), np.array([b"bb", b""], dtype=object)))
-    assert strings.tolist() == [b"a", b"bb", b""]

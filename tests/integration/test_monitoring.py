@@ -11,14 +11,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import grpc
 import pytest
 import tensorflow as tf
-from conftest import wait_for_workers
+from conftest import scrape, total, wait_for_workers
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 import dataservice
 from dataservice import tf_internal
@@ -27,23 +26,6 @@ from dataservice.local_cluster import LocalCluster
 from dataservice.monitoring.health import LIVENESS_SERVICE
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc, journal_pb2
-
-Samples = Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]
-
-
-def scrape(port: int) -> Samples:
-    text = urllib.request.urlopen(f"http://localhost:{port}/metrics", timeout=10).read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of the samples named `name` whose labels include `labels`."""
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
 
 
 def health(port: int, service: str = "") -> str:

@@ -21,6 +21,7 @@ from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
 from dataservice.local_cluster import LocalCluster
 from dataservice.transfer import compression, wire
+from dataservice.transfer.chunk import element_columns
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2
 
@@ -329,9 +330,10 @@ def test_auto_compression_compresses_only_what_shrinks():
     noise = np.random.default_rng(0).random(1 << 18, np.float32).tobytes()
     assert compression.compress(noise) == (common_pb2.COMPRESSION_NONE, noise)
     codec = ElementCodec(tf.TensorSpec([1024], tf.float32))
-    (chunk,), (buffer,) = codec.encode([[np.zeros(1024, np.float32)]] * 8, common_pb2.COMPRESSION_AUTO)
+    elements = [element_columns(codec.kinds, [np.zeros(1024, np.float32)])] * 8
+    chunk, (buffer,) = codec.encode(elements, compression.StreamCompressor(common_pb2.COMPRESSION_AUTO))
     assert chunk.components[0].compression == common_pb2.COMPRESSION_LZ4 and len(buffer) < 1024
-    decoded = codec.decode(chunk, wire.FrameBuffers(bytes(buffer), 0, 8))[0]
+    decoded = codec.decode(chunk, wire.FrameBuffers(bytes(buffer), 0, 8)).columns[0].values
     np.testing.assert_array_equal(decoded, np.zeros((8, 1024), np.float32))
 
 
@@ -374,7 +376,7 @@ def test_max_outstanding_requests_bounds_what_a_client_holds(cluster2):
         assert held <= reader.credits.outstanding() <= 10
         got = []
         for chunk in reader:
-            got.extend(chunk[0].tolist())
+            got.extend(chunk.columns[0].values.tolist())
             if len(got) >= 500:
                 break
         assert len(got) >= 500, "reading on grants new credits"

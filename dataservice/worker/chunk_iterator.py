@@ -1,0 +1,190 @@
+"""Iterates a task's pipeline in chunks (transfer/chunk.py), with one call into Python per chunk.
+
+Every call from Python into a tf.data iterator costs more than a cheap
+pipeline spends on an element: IteratorGetNext is an asynchronous kernel, so
+each call hands over to one of TensorFlow's threads and back. Inside tf.data,
+a dataset op asks its input for elements with plain C++ calls. So a task of
+small fixed-shape elements iterates its pipeline followed by `batch(1)` and
+`rebatch(sizes)`: the pipeline's own ops collect each chunk, and the worker
+calls into the iterator once per chunk.
+
+Chunk sizes follow a schedule fixed when the iterator is made: 1, 2, 4, ...
+up to a cap, then the cap. The first element leaves at once, and the cap
+keeps a chunk's production within about CHUNK_SECONDS at the rate the worker
+measured for the dataset before (ProductionRate), and within CHUNK_BYTES;
+a dataset not measured yet gets UNMEASURED_CAP. A slow pipeline therefore
+gets chunks of one element and a fast one chunks of hundreds.
+
+Elements of MiB size, of no fixed shape, or composite (ragged, sparse) are
+taken one a call: one call costs little beside producing such an element,
+and batching would copy it (or, for varying shapes, needs a function call
+per element inside tf.data, which costs as much as the call from Python).
+The wire codec still sends consecutive elements together, as one chunk.
+
+TensorFlow's batching drops the elements it has collected when its input
+fails, so an error in the middle of a chunk loses that chunk's elements
+before it: a client gets every element of the chunks before, then the error.
+
+The iterator is an object rather than a generator so that its owner decides
+when the pipeline's tf.data iterator is destroyed: with autotune on, that
+destruction can block for a second or more (TensorFlow waits for its model
+optimization), and the end of a task must not wait for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import List, Optional, Tuple
+
+import tensorflow as tf
+
+from dataservice import tf_internal
+from dataservice.transfer.chunk import Chunk
+from dataservice.transfer.wire import ElementCodec
+
+# Fixed-size elements of at least this many bytes are taken one a call (no batching copy).
+PER_ELEMENT_BYTES = 256 * 1024
+# What one chunk of small elements holds at most.
+CHUNK_BYTES = 4 * 1024 * 1024
+MAX_CHUNK_ELEMENTS = 1024
+# A chunk's production time that the cap aims at: what batching may add to an element's latency.
+CHUNK_SECONDS = 0.005
+# The cap for a dataset whose rate neither this worker nor the dispatcher has measured yet: a
+# compromise between a Python call per 16 elements of a cheap pipeline and 16 elements of
+# latency for a slow one, until the first measurements come (tasks that start later use them).
+UNMEASURED_CAP = 16
+# Chunks at the cap in the schedule before it starts again at 1 (rebatch cycles through it).
+_CAPPED_CHUNKS = 256
+
+
+class ProductionRate:
+    """How long a dataset's pipeline takes per element on this worker (a moving average over
+    its chunks), shared by its tasks."""
+
+    _WEIGHT = 0.2
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds_per_element: Optional[float] = None
+
+    def record(self, elements: int, seconds: float) -> None:
+        if elements <= 0:
+            return
+        sample = seconds / elements
+        with self._lock:
+            previous = self._seconds_per_element
+            self._seconds_per_element = sample if previous is None else previous + self._WEIGHT * (sample - previous)
+
+    def suggest(self, seconds_per_element: float) -> None:
+        """A rate measured elsewhere (the job's other workers, through the dispatcher), taken
+        only while this worker has measured none of its own."""
+        if seconds_per_element > 0:
+            with self._lock:
+                if self._seconds_per_element is None:
+                    self._seconds_per_element = seconds_per_element
+
+    @property
+    def seconds_per_element(self) -> Optional[float]:
+        with self._lock:
+            return self._seconds_per_element
+
+    def chunk_cap(self, element_bytes: int) -> int:
+        """Elements a chunk may hold: within CHUNK_SECONDS at the measured rate, CHUNK_BYTES
+        (for elements of known size) and MAX_CHUNK_ELEMENTS."""
+        per_element = self.seconds_per_element
+        cap = UNMEASURED_CAP if per_element is None else int(CHUNK_SECONDS / max(per_element, 1e-9))
+        if element_bytes:
+            cap = min(cap, CHUNK_BYTES // element_bytes)
+        return max(1, min(cap, MAX_CHUNK_ELEMENTS))
+
+
+def chunk_schedule(cap: int) -> List[int]:
+    """Chunk sizes 1, 2, 4, ... below `cap`, then `cap` (_CAPPED_CHUNKS times)."""
+    sizes = []
+    size = 1
+    while size < cap:
+        sizes.append(size)
+        size *= 2
+    return sizes + [cap] * _CAPPED_CHUNKS
+
+
+def batches_in_graph(codec: ElementCodec) -> bool:
+    """Whether the pipeline's own ops collect the task's chunks (else one element a call)."""
+    return codec.plain and codec.fixed_shapes and codec.element_bytes < PER_ELEMENT_BYTES
+
+
+class ChunkIterator:
+    """The dataset's elements as chunks; `rate` is the dataset's, which the iterator both reads
+    (for its schedule) and updates. `max_chunk` caps the chunks (a task that must not produce
+    far ahead of its readers, as the cross-trainer cache's)."""
+
+    def __init__(
+        self,
+        dataset: tf.data.Dataset,
+        codec: ElementCodec,
+        rate: Optional[ProductionRate] = None,
+        max_chunk: int = MAX_CHUNK_ELEMENTS,
+    ):
+        self._codec = codec
+        self._rate = rate or ProductionRate()
+        # Held for as long as the iterator: a rebuilt pipeline's function must outlive it
+        # (see splits.rebuild_with_splits).
+        self._dataset = dataset
+        self.in_graph = batches_in_graph(codec)
+        self.cap = min(self._rate.chunk_cap(codec.element_bytes), max_chunk) if self.in_graph else 1
+        if self.in_graph and self.cap > 1:
+            chunks = dataset.batch(1).rebatch(chunk_schedule(self.cap))
+        elif self.in_graph:
+            chunks = dataset.batch(1)
+        else:
+            chunks = dataset
+        self._iterator = iter(chunks)
+        plain = codec.plain
+        resource = tf_internal.iterator_resource(self._iterator)
+        self._resource: Optional[tf.Tensor] = resource if plain else None
+        specs = codec.component_specs
+        self._types = [spec.dtype for spec in specs]
+        self._shapes = [
+            tf.TensorShape([None]).concatenate(spec.shape) if self.in_graph else spec.shape for spec in specs
+        ]
+        # The first chunk's time includes the pipeline's start (buffers filling, files opening): not a rate.
+        self._started = False
+        # peek(): the next chunk, or the exception that computing it raised.
+        self._peeked: Optional[Tuple[Optional[Chunk], Optional[BaseException]]] = None
+
+    def __iter__(self) -> "ChunkIterator":
+        return self
+
+    def peek(self) -> None:
+        """Computes the next chunk now; __next__ returns it (or raises its error) later."""
+        if self._peeked is None:
+            try:
+                self._peeked = (self._compute_next(), None)
+            except Exception as e:  # noqa: BLE001 - StopIteration or the pipeline's error, raised by __next__
+                self._peeked = (None, e)
+
+    def __next__(self) -> Chunk:
+        if self._peeked is not None:
+            chunk, error = self._peeked
+            self._peeked = None
+            if error is not None:
+                raise error
+            return chunk
+        return self._compute_next()
+
+    def _compute_next(self) -> Chunk:
+        started = time.perf_counter()
+        if self._resource is None:
+            element = next(self._iterator)
+            tensors = tf.nest.flatten(element, expand_composites=True)
+        else:
+            try:
+                tensors = tf_internal.iterator_get_next(self._resource, self._types, self._shapes)
+            except tf.errors.OutOfRangeError:
+                raise StopIteration from None
+        chunk = self._codec.batch_chunk(tensors) if self.in_graph else self._codec.element_chunk(tensors)
+        if self._started:
+            self._rate.record(chunk.num_elements, time.perf_counter() - started)
+        self._started = True
+        return chunk
