@@ -230,10 +230,11 @@ def _config_cases():
 CONFIG_DIFFERENCES = {
     "DispatcherConfig:port=-1": ("RuntimeError", "ValueError", "checked when the config is built"),
     "DispatcherConfig:port='x'": ("TypeError", "ValueError", "checked when the config is built"),
-    "DispatcherConfig:protocol='bogus'": ("crashed", "ValueError", "TensorFlow's server segfaults"),
+    "DispatcherConfig:protocol='bogus'": ("crashed|RuntimeError", "ValueError", "TensorFlow's server segfaults"),
     "DispatcherConfig:job_gc_check_interval_ms=-2": ("ok", "ValueError", "a negative interval is refused"),
     "WorkerConfig:port=-1": ("RuntimeError", "ValueError", "checked when the config is built"),
-    "WorkerConfig:protocol='bogus'": ("crashed", "ValueError", "TensorFlow's server segfaults"),
+    # TensorFlow's worker segfaults, or (run to run, as its threads start) fails with a RuntimeError.
+    "WorkerConfig:protocol='bogus'": ("crashed|RuntimeError", "ValueError", "TensorFlow's server segfaults"),
     "WorkerConfig:heartbeat_interval_ms=-3": ("ok", "ValueError", "a negative interval is refused"),
 }
 
@@ -302,7 +303,8 @@ def test_config_fields(case_id, config, fields, clusters, tmp_path, tensorflow_c
 
     mine = outcome(run)[0]
     if case_id in CONFIG_DIFFERENCES:
-        assert (theirs, mine) == CONFIG_DIFFERENCES[case_id][:2]
+        expected_theirs, expected_mine = CONFIG_DIFFERENCES[case_id][:2]
+        assert theirs in expected_theirs.split("|") and mine == expected_mine, (theirs, mine)
     else:
         assert mine == theirs
 
