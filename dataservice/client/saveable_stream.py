@@ -4,26 +4,31 @@ tf.data saves an iterator by asking each dataset op of the pipeline for its
 state, and a Python generator has none to give (from_generator cannot be
 saved). So the elements reach tf.data through ops that can:
 
-    from_tensors(0).map(new_token)              once per iterator: a token naming its reader
-      .flat_map(range(inf).map(fetch))          call k: the reader's next chunk, with the reader's
-                                                progress after it (elements taken per task)
-      .take_while(more)
-      .scan(progress)                           the state: that progress
-      .unbatch() or .flat_map(slices)           the chunk's elements (chunk_layout.py)
+    range(inf)
+      .scan(state, step)            call k: the reader's next chunk, with the reader's progress
+                                    after it (elements taken per task); the state: a token naming
+                                    the iterator's reader (made at the first call) and that progress
+      .take_while(not empty)        (every chunk holds elements, but the last)
+      .unbatch() or                 the chunk's elements (chunk_layout.py)
+      .flat_map(elements)
+
+Few ops, and no dataset made per iterator before its first chunk: making a
+tf.data iterator costs milliseconds per function it instantiates, which is
+most of a service dataset's time to its first element.
 
 The scan's state is what a checkpoint needs to resume: per task of the
-iteration, the elements that went past the scan (what the unbatch and
+iteration, the elements that went past the scan (what the flat_map and
 later ops still hold, tf.data saves with them). A restored iterator calls
 fetch with a token this process has no reader for (a new process) or with a
 call number its reader did not expect (restored in the same process): fetch
-answers with an empty marker chunk, and the scan hands its restored state to
-resume(), which opens a reader on a new iteration continuing from there
-(ResumeIteration; see dispatcher/resume.py).
+then opens a reader on a new iteration continuing from the restored state
+it is given (ResumeIteration; see dispatcher/resume.py) and answers with an
+empty chunk and that reader's progress.
 
 A reader is closed when its data ends, or when the iterator is destroyed: the
 token is a numpy array that TensorFlow adopts without copying, so the tensor
-holding it lives as long as the iterator's flat_map, and a weakref finalizer
-on the array closes the reader. A restored iterator's token comes from the
+holding it lives as long as the scan's state, and a weakref finalizer on the
+array closes the reader. A restored iterator's token comes from the
 checkpoint; there the progress arrays stand in for it: the scan holds the
 latest as its state for as long as the iterator lives.
 """
@@ -44,9 +49,6 @@ from dataservice.client.reader import IterationReader
 from dataservice.transfer import chunk as chunk_lib
 
 log = logging.getLogger(__name__)
-
-# The marker chunk's `tasks` are these three numbers instead: what resume() needs besides the state.
-_MARKER_FIELDS = 3  # token handle, repetition, call number
 
 
 class Repetitions:
@@ -129,51 +131,32 @@ class SaveableStream:
     def dataset(self) -> tf.data.Dataset:
         """The service dataset: its elements in their own structure, from ops tf.data can save."""
         layout = self._layout
-        types = [tf.bool, tf.int64, tf.int64, *layout.types]
+        types = [tf.int64, tf.int64, tf.int64, *layout.types]
 
-        def call(token: tf.Tensor, k: tf.Tensor):
-            out = tf.numpy_function(self._fetch, [token, k], types, stateful=True)
-            more, tasks, counts, arrays = out[0], out[1], out[2], out[3:]
-            more.set_shape([])
+        def step(state, k):
+            token, saved_tasks, saved_counts = state
+            out = tf.numpy_function(self._fetch, [token, k, saved_tasks, saved_counts], types, stateful=True)
+            token, tasks, counts, arrays = out[0], out[1], out[2], out[3:]
+            token.set_shape([2])
             tasks.set_shape([None])
             counts.set_shape([None])
             for array, shape in zip(arrays, layout.shapes):
                 array.set_shape(shape)
-            return (more, tasks, counts, *arrays)
-
-        def step(state, element):
-            more, tasks, counts, *arrays = element
-            del more
-            # A marker has no progress of its own (counts empty): resume() gives the state after it.
-            is_marker = tf.equal(tf.size(counts), 0) & tf.equal(tf.size(tasks), _MARKER_FIELDS)
-            new_tasks, new_counts = tf.cond(
-                is_marker,
-                lambda: tuple(
-                    tf.numpy_function(self._resume, [tasks, state[0], state[1]], [tf.int64, tf.int64], stateful=True)
-                ),
-                lambda: (tasks, counts),
-            )
-            new_tasks.set_shape([None])
-            new_counts.set_shape([None])
             chunk = layout.pack_batched(arrays) if layout.unbatched else tuple(arrays)
-            return (new_tasks, new_counts), chunk
+            return (token, tasks, counts), chunk
 
-        tokens = tf.data.Dataset.from_tensors(np.int64(0)).map(
-            lambda _: tf.numpy_function(self._new_token, [], tf.int64, stateful=True)
-        )
-        calls = tokens.flat_map(lambda token: tf.data.Dataset.range(2**62).map(lambda k: call(token, k)))
-        progress = calls.take_while(lambda more, *_: more).scan(
-            (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)), step
-        )
+        start = (tf.zeros([2], tf.int64), tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+        chunks = tf.data.Dataset.range(2**62).scan(start, step)
+        # Every chunk fetch gives holds an element, but the last: the end of the data.
+        if layout.unbatched:
+            first = lambda chunk: tf.nest.flatten(chunk)[0]  # noqa: E731 - [n, ...]: n elements
+            elements = chunks.take_while(lambda *chunk: tf.shape(first(chunk))[0] > 0).unbatch()
+        else:
+            elements = chunks.take_while(lambda count, *_: count > 0).flat_map(lambda *arrays: layout.elements(arrays))
         # No stateless map after the scan: tf.data would run it in parallel, reading ahead of the
         # consumer, and a parallel_epochs task counts as consumed when fetch is called past its end.
-        # Markers are empty chunks: they give no element.
-        if layout.unbatched:
-            elements = progress.unbatch()
-        else:
-            elements = progress.flat_map(lambda *arrays: layout.elements(arrays))
         options = tf.data.Options()
-        # fetch and resume talk to the service: state outside tf.data, which the scan's progress stands for.
+        # fetch talks to the service: state outside tf.data, which the scan's progress stands for.
         options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
         # No prefetch appended behind the user's back: its buffer would go into every checkpoint
         # (it grows as autotune sees fit) and it reads ahead of the consumer. The reader's streams
@@ -183,10 +166,11 @@ class SaveableStream:
 
     # ---- called by tf.data -------------------------------------------------------
 
-    def _new_token(self) -> np.ndarray:
+    def _new_token(self, calls: int) -> np.ndarray:
+        """A token naming a new reader slot, which expects call number `calls` next."""
         handle = secrets.randbits(62) + 1
         repetition = self._repetitions.take()
-        slot = _Slot(repetition)
+        slot = _Slot(repetition, calls=calls)
         # Aligned, so that TensorFlow adopts the array rather than copying it: the array then lives
         # as long as the iterator that holds the token.
         token = chunk_lib.aligned_empty((2,), np.int64)
@@ -222,40 +206,45 @@ class SaveableStream:
                 del self._slots[handle]
         slot.close()
 
-    def _fetch(self, token: np.ndarray, k: np.int64):
+    def _fetch(self, token: np.ndarray, k: np.int64, saved_tasks: np.ndarray, saved_counts: np.ndarray):
+        """Call `k` of an iterator: (token, tasks, counts, *chunk arrays), the chunk empty only at
+        the end of the data. The first call makes the iterator's token; a call with a token or
+        number this process does not expect is a restored iterator's, whose reader resumes from
+        the saved progress."""
         handle, repetition, k = int(token[0]), int(token[1]), int(k)
+        if handle == 0:
+            token = self._new_token(calls=k)
+            handle = int(token[0])
         with self._lock:
             slot = self._slots.get(handle)
         if slot is None or slot.calls != k or slot.closed:
-            # A restored iterator: the scan resumes from its saved progress.
             if slot is not None:
                 self._discard(handle, slot)
-            return self._empty(np.array([handle, repetition, k], np.int64), more=True)
-        if slot.reader is None:
+            slot = self._resume(handle, repetition, k, saved_tasks, saved_counts)
+        elif slot.reader is None:
             self._before_first()
             slot.reader = self._open_reader(slot.repetition, None)
             slot.chunks = slot.reader.chunks_with_origin(*self._merge)
-            if not slot.token_alive:
-                log.debug("the iterator's token was copied: its reader closes at the end of its data")
         slot.calls += 1
-        return self._next(handle, slot)
+        return (token, *self._next(handle, slot))
 
     def _next(self, handle: int, slot: _Slot):
-        """The next chunk's arrays, with the progress after it; the end once the reader's is."""
+        """The progress after the next chunk, and its arrays; an empty chunk at the end."""
         taken = next(slot.chunks, None)
         if taken is None:
+            progress = slot.progress()
             self._discard(handle, slot)
-            return self._empty(np.zeros(0, np.int64), more=False)
+            return (*progress, *self._layout.empty())
         chunk, parts = taken
         for task_id, count in parts:
             slot.handed[task_id] = slot.handed.get(task_id, 0) + count
-        return (True, *self._progress(handle, slot), *self._layout.arrays(chunk))
+        return (*self._progress(handle, slot), *self._layout.arrays(chunk))
 
-    def _resume(self, marker: np.ndarray, tasks: np.ndarray, counts: np.ndarray):
-        """Opens the reader of a restored iterator; returns the progress to save from now on."""
-        handle, repetition, k = (int(x) for x in marker)
+    def _resume(self, handle: int, repetition: int, k: int, tasks: np.ndarray, counts: np.ndarray) -> _Slot:
+        """The slot of a restored iterator (call `k` of it), its reader open on a new iteration
+        continuing from the saved progress."""
         self._repetitions.passed(repetition)
-        slot = _Slot(repetition, calls=k + 1)
+        slot = _Slot(repetition, calls=k)
         slot.token_alive = False
         slot.tracked_progress = True
         progress = list(zip(tasks.tolist(), counts.tolist()))
@@ -268,8 +257,4 @@ class SaveableStream:
             self._slots[handle] = slot
         if old is not None:
             old.close()
-        return self._progress(handle, slot)
-
-    def _empty(self, tasks: np.ndarray, more: bool):
-        """A chunk with no element: the end (more False) or a marker (`tasks` the marker's fields)."""
-        return (more, tasks, np.zeros(0, np.int64), *self._layout.empty())
+        return slot
