@@ -16,12 +16,23 @@ tf.data service and dataservice, in one process run, reported as ratios.
 10. cross-trainer cache: 1, 2 and 4 trainers reading one job of range(...).repeat() at once,
    1 worker: elements produced per element consumed (the largest element any trainer saw + 1,
    over all elements the trainers took; 1/trainers is perfect sharing), and elements/s read
+11. workload 2 (compression None) with the worker on the trainer's host: ours through the
+   same-host transport (a Unix socket and a ring of shared memory), TensorFlow's over gRPC
+12. 1 MiB float32 elements from an expensive pipeline (random numbers), 1 worker, ours over
+   TCP and through the same-host transport (MB/s)
+13. images of varying size (uint8, 100-300 KB each), 1 worker, ours over TCP (MB/s)
+14. short strings (tf.strings.as_string of the index), 1 worker, ours over TCP (elements/s)
+15. 4 clients (threads) each reading range(N) from 4 workers at once, ours over TCP
+   (elements/s, all clients together)
 
-TensorFlow's servers run in this process (they are C++); ours run as
-`data-server` processes, as they would in production. The client of each
-runs in this process, with the allocator settings a dataservice client
-applies when it reads large elements (`dataservice/allocator.py`) set
-from the start, so that both services' clients run under the same ones.
+TensorFlow's workers run as processes of their own, as ours do (`data-server`
+processes), as they would in production; its dispatcher runs in this process
+(it is not on the data path). The client of each runs in this process, with
+the allocator settings a dataservice client applies when it reads large
+elements (`dataservice/allocator.py`) set from the start, so that both
+services' clients run under the same ones. Every server runs on this host:
+our client would pick the same-host transport for all of them, so the
+workloads that stand for a worker on another host ask ours for TCP.
 Nothing here asserts a speed: `--quick` runs each workload in seconds, for a
 smoke run.
 """
@@ -34,8 +45,10 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Union
 
@@ -53,16 +66,27 @@ from dataservice.transfer import allocator  # noqa: E402
 from dataservice.v1 import journal_pb2  # noqa: E402
 
 tf_service = tf.data.experimental.service
+ALL_WORKLOADS = list(range(1, 16))
 # What a measurement gives: one value, or values by metric name.
 Measured = Union[float, Dict[str, float]]
 
 
+# A TensorFlow worker process: serves until killed.
+_TF_WORKER = """
+import sys, tensorflow as tf
+service = tf.data.experimental.service
+worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=sys.argv[1]))
+print("started", flush=True)
+worker.join()
+"""
+
+
 class _TFCluster:
-    """TensorFlow's own dispatcher and workers, in this process."""
+    """TensorFlow's own dispatcher (in this process) and workers (processes of their own)."""
 
     def __init__(self) -> None:
         self.dispatcher = tf_service.DispatchServer()
-        self.workers: List[tf_service.WorkerServer] = []
+        self.workers: List[subprocess.Popen] = []
 
     @property
     def target(self) -> str:
@@ -70,11 +94,26 @@ class _TFCluster:
 
     def add_worker(self) -> None:
         address = self.dispatcher.target.split("://")[1]
-        self.workers.append(tf_service.WorkerServer(tf_service.WorkerConfig(dispatcher_address=address)))
+        worker = subprocess.Popen(
+            [sys.executable, "-c", _TF_WORKER, address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
+        self.workers.append(worker)
+        if worker.stdout.readline().strip() != "started":
+            raise RuntimeError("a TensorFlow worker process did not start")
+        deadline = time.monotonic() + 60
+        while self.dispatcher._num_workers() < len(self.workers):  # pylint: disable=protected-access
+            if time.monotonic() > deadline:
+                raise RuntimeError("a TensorFlow worker process did not register")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         for worker in self.workers:
-            worker._stop()  # pylint: disable=protected-access
+            worker.kill()
+            worker.wait(30)
         self.dispatcher._stop()  # pylint: disable=protected-access
 
 
@@ -101,9 +140,10 @@ MAX_BATCH = 256
 BATCH_BYTES = 4 * 1024 * 1024
 
 
-def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0) -> Dict[str, float]:
+def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0, ragged: bool = False) -> Dict[str, float]:
     """Iterates in batches (so the Python loop is not the bottleneck) and times it
-    up to the end of sequence. The iterator is destroyed after the clock stops:
+    up to the end of sequence (`ragged`: in ragged batches, for elements of varying shapes).
+    The iterator is destroyed after the clock stops:
     with autotune on, TensorFlow's iterator destruction can block for a second or
     more whatever the source (seen with local pipelines too), which says nothing
     about the data path.
@@ -113,7 +153,8 @@ def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0) -> Dict[str, fl
     for one, learns that an iteration has ended up to a second after its last
     element, which the time to the end of sequence includes."""
     batch_size = max(1, min(MAX_BATCH, BATCH_BYTES // max(1, bytes_per_element)))
-    iterator = iter(dataset.batch(batch_size))
+    # Elements of varying shapes go into ragged batches, as a trainer batching them would.
+    iterator = iter(dataset.ragged_batch(batch_size) if ragged else dataset.batch(batch_size))
     start = time.perf_counter()
     elements = first_elements = 0
     first_s = last_s = 0.0
@@ -186,20 +227,22 @@ class Bench:
         workload: str,
         metric: str,
         unit: str,
-        make: Callable[[int], tf.data.Dataset],
+        make: Callable[[int, str], tf.data.Dataset],
         clusters: Dict[str, object],
         measure: Callable[[tf.data.Dataset], Measured],
         local: bool = True,
         higher_is_better: bool = True,
         repeats: int = 1,
         pause_s: float = 0.0,
+        ours: Optional[Dict[str, object]] = None,
         **distribute_kwargs,
     ) -> Dict[str, float]:
-        """Measures `make(trial)` locally and through each service, `repeats` times in
+        """Measures `make(trial, system)` locally and through each service, `repeats` times in
         turn (so that a passing disturbance hits every system alike); the median counts.
         `measure` gives the metric's value, or several metrics' values by name (the first
         is `metric`'s, whose values are returned). `pause_s` between measurements lets
-        the previous one's clean-up (iterators, jobs) finish before the next is timed."""
+        the previous one's clean-up (iterators, jobs) finish before the next is timed.
+        `ours`: distribute() arguments for dataservice alone (a transfer protocol, say)."""
         samples: Dict[str, Dict[str, List[float]]] = {}
 
         def add(system: str, measured: Measured) -> None:
@@ -208,10 +251,11 @@ class Bench:
 
         for trial in range(repeats):
             if local:
-                add("local", measure(make(trial)))
+                add("local", measure(make(trial, "local")))
             for system, cluster in clusters.items():
                 time.sleep(pause_s)
-                add(system, measure(make(trial).apply(self.distribute(system, cluster, **distribute_kwargs))))
+                kwargs = {**distribute_kwargs, **(ours or {})} if system == "dataservice" else distribute_kwargs
+                add(system, measure(make(trial, system).apply(self.distribute(system, cluster, **kwargs))))
         medians = {
             name: {system: statistics.median(runs) for system, runs in by_system.items()}
             for name, by_system in samples.items()
@@ -309,41 +353,93 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
         for cluster in clusters.values():
             cluster.add_worker()
         bench.warm_up(clusters)
-        n_scalars = int(100_000 * scale) or 2000
+        # Element counts by system: TensorFlow's service reads small elements a thousand times slower
+        # than the others, and a count that takes it seconds would time our start-up, not our rate.
+        n_scalars = {"tf.data service": int(100_000 * scale) or 2000, "other": int(2_000_000 * scale) or 20_000}
         if 1 in workloads:
             bench.compare(
                 "1. scalar int64, 1 worker, parallel_epochs",
                 "throughput",
                 "elements/s",
-                lambda trial: tf.data.Dataset.range(n_scalars),
+                lambda trial, system: tf.data.Dataset.range(_sized(n_scalars, system)),
                 clusters,
                 lambda ds: _count(ds)["elements_per_s"],
                 repeats=repeats,
+                ours=OVER_TCP,
             )
+        mib = 1024 * 1024
+        n_big = max(20, int(2000 * scale))
+        # Workload 2 stands for a worker on another host (ours over TCP), 11 for one on the trainer's.
+        filled_runs = []
         if 2 in workloads:
-            mib = 1024 * 1024
-            n_big = max(20, int(1000 * scale))
-            # One random 1 MiB tensor, repeated: the workload measures moving it, not making it.
-            payload = tf.random.stateless_uniform([mib // 4], seed=[1, 2])
-            make_big = lambda trial: tf.data.Dataset.from_tensors(payload).repeat(n_big)  # noqa: E731
-            for compression in (None, "AUTO"):
+            filled_runs += [
+                (f"2. 1 MiB float32 (tf.fill), 1 worker, compression={c}", c, OVER_TCP) for c in (None, "AUTO")
+            ]
+        if 11 in workloads:
+            filled_runs.append(("11. 1 MiB float32 (tf.fill), 1 worker on the trainer's host", None, None))
+        for label, compression, ours in filled_runs:
+            bench.compare(
+                label,
+                "throughput",
+                "MB/s",
+                lambda trial, system: _filled(n_big),
+                clusters,
+                lambda ds: _big_rates(_count(ds, mib)),
+                repeats=repeats,
+                compression=compression,
+                ours=ours,
+            )
+        if 12 in workloads:
+            n_random = max(20, int(1000 * scale))
+            for label, ours in (("over TCP", OVER_TCP), ("on the trainer's host", None)):
                 bench.compare(
-                    f"2. 1 MiB float32, 1 worker, compression={compression}",
+                    f"12. 1 MiB float32 (random numbers), 1 worker, {label}",
                     "throughput",
                     "MB/s",
-                    make_big,
+                    lambda trial, system: tf.data.Dataset.range(n_random).map(
+                        lambda i: tf.random.stateless_uniform([mib // 4], seed=tf.stack([i, 7]))
+                    ),
                     clusters,
                     lambda ds: _big_rates(_count(ds, mib)),
+                    local=ours is None,
                     repeats=repeats,
-                    compression=compression,
+                    compression=None,
+                    ours=ours,
                 )
+        if 13 in workloads:
+            n_images = max(40, int(4000 * scale))
+            bench.compare(
+                "13. images of varying size (uint8, 100-300 KB), 1 worker",
+                "throughput",
+                "MB/s",
+                lambda trial, system: _images(n_images),
+                clusters,
+                lambda ds: _count(ds, _IMAGE_MEAN_BYTES, ragged=True)["mb_per_s"],
+                repeats=repeats,
+                compression=None,
+                ours=OVER_TCP,
+            )
+        if 14 in workloads:
+            n_strings = {"tf.data service": int(50_000 * scale) or 1000, "other": int(500_000 * scale) or 10_000}
+            bench.compare(
+                "14. short strings, 1 worker",
+                "throughput",
+                "elements/s",
+                lambda trial, system: tf.data.Dataset.range(_sized(n_strings, system)).map(
+                    lambda i: tf.strings.join(["token-", tf.strings.as_string(i)])
+                ),
+                clusters,
+                lambda ds: _count(ds)["elements_per_s"],
+                repeats=repeats,
+                ours=OVER_TCP,
+            )
         if 5 in workloads:
             # A new pipeline each trial: the first element of a new job, not of a cached one.
             bench.compare(
                 "5. time to first element, 1 worker",
                 "latency",
                 "s",
-                lambda trial: tf.data.Dataset.range(10**9).map(lambda x: x + trial),
+                lambda trial, system: tf.data.Dataset.range(10**9).map(lambda x: x + trial),
                 clusters,
                 _first_element_s,
                 higher_is_better=False,
@@ -352,7 +448,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
             )
         sleep_us = 2000
         n_sleep = int(3000 * scale) or 100
-        make_slow = lambda trial: tf.data.Dataset.range(n_sleep).apply(tf_internal.sleep(sleep_us))  # noqa: E731
+        make_slow = lambda trial, system: tf.data.Dataset.range(n_sleep).apply(tf_internal.sleep(sleep_us))  # noqa: E731
         rates: Dict[int, Dict[str, float]] = {}
         if 4 in workloads:
             rates[1] = bench.compare(
@@ -368,15 +464,16 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
             cluster.add_worker()
         bench.warm_up(clusters)
         if 3 in workloads:
-            n_split = int(200_000 * scale) or 5000
+            n_split = {"tf.data service": int(200_000 * scale) or 5000, "other": int(2_000_000 * scale) or 50_000}
             bench.compare(
                 "3. distributed_epoch range(N), 2 workers",
                 "throughput",
                 "elements/s",
-                lambda trial: tf.data.Dataset.range(n_split),
+                lambda trial, system: tf.data.Dataset.range(_sized(n_split, system)),
                 clusters,
                 lambda ds: _count(ds)["elements_per_s"],
                 mode="distributed_epoch",
+                ours=OVER_TCP,
             )
         if 4 in workloads:
             rates[2] = bench.compare(
@@ -389,10 +486,16 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
                 local=False,
                 repeats=repeats,
             )
+        if {4, 15} & set(workloads):
             for cluster in clusters.values():
                 cluster.add_worker()
                 cluster.add_worker()
             bench.warm_up(clusters)
+        if 15 in workloads:
+            _four_clients(
+                bench, clusters, {"tf.data service": int(20_000 * scale) or 500, "other": int(500_000 * scale) or 5000}
+            )
+        if 4 in workloads:
             rates[4] = bench.compare(
                 "4. sleep 2 ms/element, 4 workers",
                 "throughput",
@@ -460,12 +563,59 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
     return bench.rows
 
 
+# Workloads that stand for a worker on another host: ours over TCP (every server here is on this host).
+OVER_TCP = {"data_transfer_protocol": "tcp"}
+# Images of 100-300 KB: 256 pixels wide, 3 channels, 130 to 390 rows.
+_IMAGE_ROWS = (130, 391)
+_IMAGE_MEAN_BYTES = (_IMAGE_ROWS[0] + _IMAGE_ROWS[1] - 1) // 2 * 256 * 3
+
+
+def _sized(sizes: Dict[str, int], system: str) -> int:
+    return sizes.get(system, sizes["other"])
+
+
+def _filled(count: int) -> tf.data.Dataset:
+    """1 MiB float32 elements from a cheap pipeline: each is made, not repeated, but making it costs a fill."""
+    return tf.data.Dataset.range(count).map(lambda i: tf.fill([262144], tf.cast(i, tf.float32)))
+
+
+def _images(count: int) -> tf.data.Dataset:
+    """uint8 images of varying height (100-300 KB each), cheap to make."""
+    low, high = _IMAGE_ROWS
+    return tf.data.Dataset.range(count).map(
+        lambda i: tf.fill(tf.stack([low + (i * 7919) % (high - low), 256, 3]), tf.cast(i % 251, tf.uint8))
+    )
+
+
+def _four_clients(bench: Bench, clusters: Dict[str, object], sizes: Dict[str, int]) -> None:
+    """Four trainers (threads of this process) each read range(N) in parallel_epochs from the four
+    workers at once (each gets every worker's N elements); all elements read over the wall time."""
+    values: Dict[str, float] = {}
+    for system, cluster in clusters.items():
+        count = _sized(sizes, system)
+        kwargs = OVER_TCP if system == "dataservice" else {}
+        # One pipeline, read by four clients: four anonymous jobs.
+        datasets = [tf.data.Dataset.range(count).apply(bench.distribute(system, cluster, **kwargs)) for _ in range(4)]
+        read = [0] * 4
+        threads = [threading.Thread(target=_consume, args=(d, read, k)) for k, d in enumerate(datasets)]
+        began = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        values[system] = sum(read) / (time.perf_counter() - began)
+    bench.record("15. 4 clients reading 4 workers at once", "throughput", "elements/s, all clients", values)
+
+
+def _consume(dataset: tf.data.Dataset, read: List[int], index: int) -> None:
+    for batch in dataset.batch(MAX_BATCH):
+        read[index] += int(batch.shape[0])
+
+
 def _cross_trainer_cache(bench: Bench, scale: float) -> None:
     """Trainers in threads, each with its own trainer_id, read one named job of an infinite range
     at the same time. The elements are the source's indices in order, so the largest one any
     trainer saw bounds from below what the worker produced, the same way for both services."""
-    import threading
-
     per_trainer = int(20_000 * scale) or 1000
     clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()}
     try:
@@ -576,14 +726,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="dataservice vs TensorFlow's tf.data service")
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds per workload")
     parser.add_argument("--json", help="write the results to this file")
-    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated workload numbers")
+    parser.add_argument(
+        "--workloads", default=",".join(map(str, ALL_WORKLOADS)), help="comma-separated workload numbers"
+    )
     args = parser.parse_args(argv)
     try:
         workloads = sorted({int(w) for w in args.workloads.split(",")})
     except ValueError:
-        parser.error(f"--workloads must be numbers 1-10, got {args.workloads!r}")
-    if not set(workloads) <= set(range(1, 11)):
-        parser.error(f"--workloads must be numbers 1-10, got {args.workloads!r}")
+        parser.error(f"--workloads must be numbers 1-{ALL_WORKLOADS[-1]}, got {args.workloads!r}")
+    if not set(workloads) <= set(ALL_WORKLOADS):
+        parser.error(f"--workloads must be numbers 1-{ALL_WORKLOADS[-1]}, got {args.workloads!r}")
     allocator.keep_freed_memory_in_client()
     run(args.quick, workloads, args.json)
     return 0
