@@ -127,6 +127,38 @@ def stopped_message(task_id: int) -> str:
     )
 
 
+def _problems(request: Message, non_negative: Tuple[str, ...]) -> List[str]:
+    """What is wrong in the fields every stream and round request has, and in `non_negative`."""
+    problems = []
+    if request.task_id <= 0:
+        problems.append(f"task_id must be a positive task id, got {request.task_id}")
+    problems += [
+        f"{name} must not be negative, got {getattr(request, name)}"
+        for name in ("iteration_client_id",) + non_negative
+        if getattr(request, name) < 0
+    ]
+    if request.compression not in common_pb2.Compression.values():
+        problems.append(f"compression {request.compression} is not a Compression value")
+    return problems
+
+
+def check_stream_request(request: worker_pb2.StreamElementsRequest) -> None:
+    """Refuses a first request that no client of ours sends, before anything waits on it (a
+    stream for a task the worker does not know yet waits UNKNOWN_TASK_WAIT_S for it)."""
+    problems = _problems(request, ("max_elements_per_message", "credits", "shared_memory_bytes"))
+    if request.released_regions:
+        problems.append("a stream's first request has no regions to release")
+    if problems:
+        raise status.invalid_argument("bad StreamElements request: " + "; ".join(problems))
+
+
+def check_round_request(request: worker_pb2.GetElementRequest) -> None:
+    """As check_stream_request, for a coordinated read's request."""
+    problems = _problems(request, ("consumer_index", "round"))
+    if problems:
+        raise status.invalid_argument("bad GetElement request: " + "; ".join(problems))
+
+
 def stream_task(
     worker: StreamContext,
     request: worker_pb2.StreamElementsRequest,
@@ -137,6 +169,7 @@ def stream_task(
     """The responses (header and buffers) of the stream that `request` opens; `later_requests`
     (read on a thread of its own) grant more credits. `protocol` names the transfer for the
     worker's metrics. Raises status.ServiceError."""
+    check_stream_request(request)
     runner = worker.tasks.wait_for(request.task_id, UNKNOWN_TASK_WAIT_S)
     if runner is None:
         if worker.tasks.is_finished(request.task_id):
@@ -202,6 +235,7 @@ def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) ->
     """Coordinated reads: consumer `request.consumer_index`'s element of round `request.round`
     of the task, or not_ready when the other consumers have not asked for the round yet
     (within ROUND_WAIT_S), or end_of_sequence. Raises status.ServiceError."""
+    check_round_request(request)
     runner = worker.tasks.wait_for(request.task_id, UNKNOWN_TASK_WAIT_S)
     if runner is None:
         if worker.tasks.is_finished(request.task_id):

@@ -85,6 +85,29 @@ def test_an_unknown_task_is_unavailable_over_tcp(cluster):
 
 
 @pytest.mark.parametrize(
+    "request_fields, wording",
+    [
+        ({}, "task_id must be a positive task id, got 0"),
+        ({"task_id": -3, "credits": 1}, "task_id must be a positive"),
+        ({"task_id": 424242, "credits": -1}, "credits must not be negative"),
+        ({"task_id": 424242, "max_elements_per_message": -5}, "max_elements_per_message must not be negative"),
+        ({"task_id": 424242, "shared_memory_bytes": -1}, "shared_memory_bytes must not be negative"),
+        ({"task_id": 424242, "iteration_client_id": -1}, "iteration_client_id must not be negative"),
+        ({"task_id": 424242, "compression": 77}, "compression 77 is not a Compression value"),
+        ({"task_id": 424242, "released_regions": [0]}, "no regions to release"),
+    ],
+)
+def test_a_request_no_client_sends_is_refused_before_waiting_for_its_task(cluster, request_fields, wording):
+    """INVALID_ARGUMENT naming the field, not UNAVAILABLE after waiting for an unknown task."""
+    address = tcp.transfer_address(cluster.workers[0].transfer_address)
+    with tcp.connect(address, 10) as sock:
+        tcp.send_request(sock, worker_pb2.StreamElementsRequest(**request_fields))
+        response, _ = tcp.recv_response(sock)
+    assert errors.status_code(response.error_code) == grpc.StatusCode.INVALID_ARGUMENT, response.error_message
+    assert wording in response.error_message
+
+
+@pytest.mark.parametrize(
     "garbage, code, wording",
     [
         # a request size over the limit: refused before anything is read or allocated for it
