@@ -48,9 +48,13 @@ def _check_token_file(path: Optional[str]) -> None:
         auth.read_token_file(path)
 
 
-def _check_protocol(protocol: str) -> None:
+def _protocol(protocol: Optional[str]) -> str:
+    """The protocol checked; None is the default, "grpc" (as TensorFlow's)."""
+    if protocol is None:
+        return tls.PLAINTEXT
     if protocol not in tls.PROTOCOLS:
-        raise ValueError(f"protocol must be 'grpc' or 'grpc+tls', got {protocol!r}")
+        raise ValueError(f"protocol must be None, 'grpc' or 'grpc+tls', got {protocol!r}")
+    return protocol
 
 
 def _check_tls(config) -> None:
@@ -75,17 +79,25 @@ DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp", "local", "unix")
 NEVER = -1
 
 
-def _positive_or_default(name: str, value: Optional[int], default: int, never: bool = False) -> int:
-    """`value` checked, or `default` for None. `never`: -1 is accepted too, meaning "never"."""
+# What 0 means for a time: as in TensorFlow's Python API (None leaves the value to the server),
+# "a very small number", which TensorFlow makes 1 ms.
+SHORTEST_MS = 1
+
+
+def _milliseconds(name: str, value: Optional[int], default: int, never: bool = False) -> int:
+    """`value` checked: `default` for None, SHORTEST_MS for 0. `never`: -1 is accepted too,
+    meaning "never"."""
     if value is None:
         return default
     valid_int = isinstance(value, int) and not isinstance(value, bool)
     if never and valid_int and value == NEVER:
         return value
-    if not valid_int or value <= 0:
+    if not valid_int or value < 0:
         also = ", or -1 for never" if never else ""
-        raise ValueError(f"{name} must be a positive number of milliseconds{also}, got {value!r}")
-    return value
+        raise ValueError(
+            f"{name} must be a non-negative number of milliseconds{also} (None: the default), got {value!r}"
+        )
+    return value or SHORTEST_MS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +105,7 @@ class DispatcherConfig:
     """Configuration of a DispatchServer.
 
     port: the port to bind; 0 picks a free one.
-    protocol: "grpc", or "grpc+tls" (clients then use "grpc+tls://host:port").
+    protocol: "grpc" (also for None), or "grpc+tls" (clients then use "grpc+tls://host:port").
     tls_cert_file / tls_key_file: the server's PEM certificate and key (grpc+tls).
     tls_ca_file: require client certificates signed by this CA (mutual TLS).
     work_dir: where the dispatcher keeps dataset graphs and, in
@@ -106,6 +118,8 @@ class DispatcherConfig:
       keeps them for good (as in TensorFlow).
     worker_timeout_ms: a worker silent for this long is considered gone.
     client_timeout_ms: a client silent for this long is released.
+    For every time in milliseconds, None means the default and 0 the shortest (1 ms), as in
+    TensorFlow's Python API.
     monitoring_port: the HTTP port of /metrics (Prometheus), the status page (/) and
       /status.json; 0 picks a free port; None (the default) serves none.
     allow_unsafe_ops: register datasets whose graphs write files or act outside
@@ -119,7 +133,7 @@ class DispatcherConfig:
     """
 
     port: int = 0
-    protocol: str = "grpc"
+    protocol: Optional[str] = "grpc"
     work_dir: Optional[str] = None
     fault_tolerant_mode: bool = False
     worker_addresses: Optional[Sequence[str]] = None
@@ -138,7 +152,7 @@ class DispatcherConfig:
 
     def __post_init__(self) -> None:
         _check_port(self.port)
-        _check_protocol(self.protocol)
+        object.__setattr__(self, "protocol", _protocol(self.protocol))
         _check_tls(self)
         if not isinstance(self.max_graph_bytes, int) or not 0 < self.max_graph_bytes < 2**31 - 2**20:
             raise ValueError(f"max_graph_bytes must be in (0, 2 GiB - 1 MiB), got {self.max_graph_bytes!r}")
@@ -166,7 +180,7 @@ class DispatcherConfig:
             ("client_timeout_ms", DEFAULT_CLIENT_TIMEOUT_MS),
         ):
             never = name == "job_gc_timeout_ms"
-            object.__setattr__(self, name, _positive_or_default(name, getattr(self, name), default, never))
+            object.__setattr__(self, name, _milliseconds(name, getattr(self, name), default, never))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +188,7 @@ class WorkerConfig:
     """Configuration of a WorkerServer.
 
     dispatcher_address: "host:port" of the dispatcher (a "grpc://" or "grpc+tls://" prefix is accepted).
-    protocol: "grpc", or "grpc+tls": serve over TLS and reach the dispatcher over TLS,
+    protocol: "grpc" (also for None), or "grpc+tls": serve over TLS and reach the dispatcher over TLS,
       presenting tls_cert_file and trusting tls_ca_file (else DATASERVICE_TLS_CA_FILE,
       else the system's roots).
     tls_cert_file / tls_key_file / tls_ca_file: as for DispatcherConfig.
@@ -183,6 +197,7 @@ class WorkerConfig:
     port: the port to bind; 0 picks a free one.
     heartbeat_interval_ms: how often the worker reports to the dispatcher.
     dispatcher_timeout_ms: how long the worker keeps retrying an unreachable dispatcher.
+      For both, None means the default and 0 the shortest (1 ms), as in TensorFlow's Python API.
     data_transfer_protocol: how clients read elements: "tcp" (the default, also
       for None, "local" and "unix") offers a plain TCP stream next to gRPC, without gRPC's
       copies, and a Unix socket with rings of shared memory to clients on the worker's host
@@ -208,7 +223,7 @@ class WorkerConfig:
     dispatcher_address: str
     worker_address: Optional[str] = None
     port: int = 0
-    protocol: str = "grpc"
+    protocol: Optional[str] = "grpc"
     heartbeat_interval_ms: Optional[int] = None
     dispatcher_timeout_ms: Optional[int] = None
     data_transfer_protocol: Optional[str] = None
@@ -235,7 +250,7 @@ class WorkerConfig:
             raise ValueError(f"dispatcher_address must be 'host:port', got {self.dispatcher_address!r}")
         object.__setattr__(self, "dispatcher_address", strip_protocol(self.dispatcher_address))
         _check_port(self.port)
-        _check_protocol(self.protocol)
+        object.__setattr__(self, "protocol", _protocol(self.protocol))
         _check_tls(self)
         if self.worker_address is None:
             object.__setattr__(self, "worker_address", "localhost:%port%")
@@ -264,10 +279,10 @@ class WorkerConfig:
         object.__setattr__(
             self,
             "heartbeat_interval_ms",
-            _positive_or_default("heartbeat_interval_ms", self.heartbeat_interval_ms, DEFAULT_HEARTBEAT_INTERVAL_MS),
+            _milliseconds("heartbeat_interval_ms", self.heartbeat_interval_ms, DEFAULT_HEARTBEAT_INTERVAL_MS),
         )
         object.__setattr__(
             self,
             "dispatcher_timeout_ms",
-            _positive_or_default("dispatcher_timeout_ms", self.dispatcher_timeout_ms, DEFAULT_DISPATCHER_TIMEOUT_MS),
+            _milliseconds("dispatcher_timeout_ms", self.dispatcher_timeout_ms, DEFAULT_DISPATCHER_TIMEOUT_MS),
         )

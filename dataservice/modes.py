@@ -65,8 +65,10 @@ _TARGET_WORKERS = {
 }
 
 
-def parse_target_workers(target_workers: str) -> int:
-    """Maps "AUTO", "ANY" or "LOCAL" (any case) to its proto enum value."""
+def parse_target_workers(target_workers: Optional[str]) -> int:
+    """Maps "AUTO" (also for None), "ANY" or "LOCAL" (any case) to its proto enum value."""
+    if target_workers is None:
+        target_workers = "AUTO"
     key = target_workers.upper() if isinstance(target_workers, str) else target_workers
     if key not in _TARGET_WORKERS:
         raise ValueError(f"target_workers must be 'AUTO', 'ANY' or 'LOCAL', got {target_workers!r}")

@@ -138,7 +138,8 @@ def register_dataset(
     `dataset_id` is used as given.
     """
     target = addresses.parse_service(service)
-    requested = "" if dataset_id is None else _dataset_id_str(dataset_id)
+    # An empty id, as None, asks the dispatcher for one (as TensorFlow's).
+    requested = "" if dataset_id is None or dataset_id in ("", b"") else _dataset_id_str(dataset_id)
     return tf.constant(_register(target, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms)))
 
 
@@ -169,10 +170,17 @@ class _ReadOptions:
                 raise ValueError(f"num_consumers must be a positive integer, got {num_consumers!r}")
             if not isinstance(consumer_index, int) or not 0 <= consumer_index < num_consumers:
                 raise ValueError(f"consumer_index must be in [0, {num_consumers}), got {consumer_index!r}")
+        if max_outstanding_requests == tf.data.AUTOTUNE:
+            max_outstanding_requests = None
         if max_outstanding_requests is not None and (
-            not isinstance(max_outstanding_requests, int) or max_outstanding_requests <= 0
+            not isinstance(max_outstanding_requests, int)
+            or isinstance(max_outstanding_requests, bool)
+            or max_outstanding_requests <= 0
         ):
-            raise ValueError(f"max_outstanding_requests must be a positive integer, got {max_outstanding_requests!r}")
+            raise ValueError(
+                "max_outstanding_requests must be a positive integer, or None or tf.data.AUTOTUNE (-1) for a "
+                f"budget in bytes, got {max_outstanding_requests!r}"
+            )
         self.data_transfer_protocol = modes.parse_data_transfer_protocol(data_transfer_protocol)
         self.trainer_id = _trainer_id(cross_trainer_cache)
         if self.trainer_id:
@@ -335,8 +343,8 @@ def from_dataset_id(
 ) -> tf.data.Dataset:
     """A dataset reading the registered dataset `dataset_id` from the service.
 
-    Without `element_spec` the spec is fetched from the dispatcher (and an
-    unknown id fails here, with NotFoundError).
+    Without `element_spec` the spec is the one registered with the dataset; an
+    unknown id fails here, with NotFoundError.
     """
     target = addresses.parse_service(service)
     dataset_id = _dataset_id_str(dataset_id)
@@ -351,14 +359,14 @@ def from_dataset_id(
         target_workers,
         dispatcher_timeout_ms,
     )
-    cardinality = tf.data.UNKNOWN_CARDINALITY
-    compression = common_pb2.COMPRESSION_AUTO
+    # Asked even with an element_spec given: an unknown id fails here, with NotFoundError (an
+    # error raised while reading reaches the user re-typed by tf.data's numpy_function).
+    with DispatcherClient(target.address, options.timeout_s, shared=True, tls=target.tls) as dispatcher:
+        metadata = dispatcher.get_data_service_metadata(dataset_id)
     if element_spec is None:
-        with DispatcherClient(target.address, options.timeout_s, shared=True, tls=target.tls) as dispatcher:
-            metadata = dispatcher.get_data_service_metadata(dataset_id)
         element_spec = graph_lib.decode_element_spec(metadata.element_spec)
-        cardinality = metadata.cardinality
-        compression = metadata.compression
+    cardinality = metadata.cardinality
+    compression = metadata.compression
     return _service_dataset(target, dataset_id, element_spec, cardinality, options, compression)
 
 

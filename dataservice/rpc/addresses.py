@@ -25,6 +25,8 @@ def split_protocol(address: str) -> Tuple[str, str]:
     """("grpc" or "grpc+tls", "host:port") of an address; no protocol means "grpc". Other
     protocols, and addresses that are not host:port, are a ValueError."""
     protocol = tls_lib.PLAINTEXT
+    if address.count("://") > 1:
+        raise ValueError(f"malformed address {address!r}: more than one '://'")
     if "://" in address:
         protocol, _, address = address.partition("://")
         if protocol not in tls_lib.PROTOCOLS:

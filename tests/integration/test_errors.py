@@ -135,6 +135,9 @@ def test_worker_without_dispatcher_fails_to_start():
         (dict(service="http://localhost:1"), "protocol"),
         (dict(service="localhost"), "host:port"),
         (dict(service=42), "service"),
+        (dict(service="grpc://localhost:1://x"), "more than one '://'"),
+        (dict(max_outstanding_requests=-2), "max_outstanding_requests"),
+        (dict(max_outstanding_requests=True), "max_outstanding_requests"),
         (dict(dispatcher_timeout_ms=0), "dispatcher_timeout_ms"),
     ],
 )
@@ -153,10 +156,9 @@ def test_invalid_distribute_arguments_are_value_errors(kwargs, message):
         (dict(port=70000), "port"),
         (dict(protocol="http"), "protocol"),
         (dict(worker_addresses="a:1"), "worker_addresses"),
-        (dict(worker_timeout_ms=0), "worker_timeout_ms"),
-        (dict(worker_timeout_ms=-1), "worker_timeout_ms must be a positive"),
-        (dict(job_gc_timeout_ms=-2), "job_gc_timeout_ms must be a positive number of milliseconds, or -1"),
-        (dict(job_gc_timeout_ms=0), "job_gc_timeout_ms must be a positive"),
+        (dict(worker_timeout_ms=-1), "worker_timeout_ms must be a non-negative"),
+        (dict(worker_timeout_ms=1.5), "worker_timeout_ms must be a non-negative"),
+        (dict(job_gc_timeout_ms=-2), "job_gc_timeout_ms must be a non-negative number of milliseconds, or -1"),
     ],
 )
 def test_invalid_dispatcher_config(kwargs, message):
@@ -166,6 +168,15 @@ def test_invalid_dispatcher_config(kwargs, message):
 
 def test_job_gc_timeout_minus_one_is_never_as_in_tensorflow():
     assert service.DispatcherConfig(job_gc_timeout_ms=-1).job_gc_timeout_ms == -1
+
+
+def test_zero_milliseconds_is_the_shortest_and_none_the_default_as_in_tensorflow():
+    zero = service.DispatcherConfig(job_gc_check_interval_ms=0, job_gc_timeout_ms=0, worker_timeout_ms=0)
+    assert (zero.job_gc_check_interval_ms, zero.job_gc_timeout_ms, zero.worker_timeout_ms) == (1, 1, 1)
+    default = service.DispatcherConfig()
+    assert default.worker_timeout_ms > 1000 and default.job_gc_timeout_ms > 1000
+    worker = service.WorkerConfig("localhost:1", heartbeat_interval_ms=0, dispatcher_timeout_ms=0, protocol=None)
+    assert (worker.heartbeat_interval_ms, worker.dispatcher_timeout_ms, worker.protocol) == (1, 1, "grpc")
 
 
 @pytest.mark.parametrize(
