@@ -11,6 +11,7 @@ use processes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import re
@@ -153,8 +154,7 @@ class LocalCluster:
         self.workers: List[Server] = []
         self.dispatcher: Server = self._start_dispatcher(port=0)
         try:
-            for _ in range(num_workers):
-                self.add_worker()
+            self.add_workers(num_workers)
         except Exception:
             self.stop()
             raise
@@ -195,6 +195,15 @@ class LocalCluster:
             worker = dataservice.WorkerServer(dataservice.WorkerConfig(dispatcher_address=self.address, **options))
         self.workers.append(worker)
         return worker
+
+    def add_workers(self, count: int, **options: Any) -> List[Server]:
+        """Starts `count` more workers at once (processes start side by side: most of a start is
+        importing TensorFlow); `options` as for add_worker."""
+        if count <= 1 or not self.processes:
+            return [self.add_worker(**options) for _ in range(count)]
+        with concurrent.futures.ThreadPoolExecutor(count) as pool:
+            started = [pool.submit(self.add_worker, **options) for _ in range(count)]
+        return [future.result() for future in started]
 
     def restart_dispatcher(self) -> None:
         """Restarts the dispatcher on the same port: a process is SIGKILLed, as a machine failure

@@ -40,6 +40,8 @@ smoke run.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
 import gc
 import json
 import os
@@ -50,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -92,18 +94,23 @@ class _TFCluster:
     def target(self) -> str:
         return self.dispatcher.target
 
-    def add_worker(self) -> None:
+    def add_workers(self, count: int) -> None:
+        """Starts `count` worker processes side by side and waits until all have registered."""
         address = self.dispatcher.target.split("://")[1]
-        worker = subprocess.Popen(
-            [sys.executable, "-c", _TF_WORKER, address],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        )
-        self.workers.append(worker)
-        if worker.stdout.readline().strip() != "started":
-            raise RuntimeError("a TensorFlow worker process did not start")
+        started = [
+            subprocess.Popen(
+                [sys.executable, "-c", _TF_WORKER, address],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            )
+            for _ in range(count)
+        ]
+        self.workers += started
+        for worker in started:
+            if worker.stdout.readline().strip() != "started":
+                raise RuntimeError("a TensorFlow worker process did not start")
         deadline = time.monotonic() + 60
         while self.dispatcher._num_workers() < len(self.workers):  # pylint: disable=protected-access
             if time.monotonic() > deadline:
@@ -125,11 +132,26 @@ class _OurCluster:
     def target(self) -> str:
         return self.local.target
 
-    def add_worker(self) -> None:
-        self.local.add_worker()
+    def add_workers(self, count: int) -> None:
+        self.local.add_workers(count)
 
     def stop(self) -> None:
         self.local.stop()
+
+
+_SYSTEMS = {"tf.data service": _TFCluster, "dataservice": _OurCluster}
+
+
+def _side_by_side(factories: Dict[str, Callable[[], Any]]) -> Dict[str, Any]:
+    """What each factory makes, made at once (each starts processes, mostly importing TensorFlow)."""
+    with concurrent.futures.ThreadPoolExecutor(len(factories)) as pool:
+        futures = {name: pool.submit(factory) for name, factory in factories.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
+def _add_workers(clusters: Dict[str, Any], count: int) -> None:
+    """`count` more workers for every cluster, all started at once."""
+    _side_by_side({name: functools.partial(cluster.add_workers, count) for name, cluster in clusters.items()})
 
 
 # The consumer batches elements so that its Python loop is not the bottleneck: up to
@@ -346,12 +368,9 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
     # Short measurements vary most: they are repeated and their median reported.
     repeats = 3 if not quick else 1
     latency_repeats = 9 if not quick else 3
-    clusters = (
-        {"tf.data service": _TFCluster(), "dataservice": _OurCluster()} if set(workloads) - {6, 7, 8, 9, 10} else {}
-    )
+    clusters = _side_by_side(_SYSTEMS) if set(workloads) - {6, 7, 8, 9, 10} else {}
     try:
-        for cluster in clusters.values():
-            cluster.add_worker()
+        _add_workers(clusters, 1)
         bench.warm_up(clusters)
         # Element counts by system: TensorFlow's service reads small elements a thousand times slower
         # than the others, and a count that takes it seconds would time our start-up, not our rate.
@@ -460,8 +479,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
                 lambda ds: _count(ds)["elements_per_s"],
                 repeats=repeats,
             )
-        for cluster in clusters.values():
-            cluster.add_worker()
+        _add_workers(clusters, 1)
         bench.warm_up(clusters)
         if 3 in workloads:
             n_split = {"tf.data service": int(200_000 * scale) or 5000, "other": int(2_000_000 * scale) or 50_000}
@@ -487,9 +505,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
                 repeats=repeats,
             )
         if {4, 15} & set(workloads):
-            for cluster in clusters.values():
-                cluster.add_worker()
-                cluster.add_worker()
+            _add_workers(clusters, 2)
             bench.warm_up(clusters)
         if 15 in workloads:
             _four_clients(
@@ -617,10 +633,9 @@ def _cross_trainer_cache(bench: Bench, scale: float) -> None:
     at the same time. The elements are the source's indices in order, so the largest one any
     trainer saw bounds from below what the worker produced, the same way for both services."""
     per_trainer = int(20_000 * scale) or 1000
-    clusters = {"tf.data service": _TFCluster(), "dataservice": _OurCluster()}
+    clusters = _side_by_side(_SYSTEMS)
     try:
-        for cluster in clusters.values():
-            cluster.add_worker()
+        _add_workers(clusters, 1)
         for trainers in (1, 2, 4):
             ratios: Dict[str, float] = {}
             rates: Dict[str, float] = {}
@@ -695,10 +710,12 @@ def _tls_cost(bench: Bench, scale: float, repeats: int) -> None:
             "tls_cert_file": certs.server_cert_file,
             "tls_key_file": certs.server_key_file,
         }
-        clusters = {
-            "plaintext": LocalCluster(num_workers=1),
-            "tls": LocalCluster(num_workers=1, dispatcher_options=options, worker_options=options),
-        }
+        clusters = _side_by_side(
+            {
+                "plaintext": lambda: LocalCluster(num_workers=1),
+                "tls": lambda: LocalCluster(num_workers=1, dispatcher_options=options, worker_options=options),
+            }
+        )
         try:
             for transfer in ("tcp", "grpc"):
                 samples: Dict[str, List[float]] = {}

@@ -8,8 +8,8 @@ and `--chaos-seconds` makes it longer.
 """
 
 import collections
+import os
 import random
-import socket
 import threading
 import time
 
@@ -22,19 +22,18 @@ from dataservice.local_cluster import LocalCluster, ServerProcess
 
 pytestmark = pytest.mark.timeout(900)
 
-ELEMENTS = 20_000
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        return probe.getsockname()[1]
+# The seed under CI=true, so that a CI run is the same run each time (a run elsewhere draws one).
+CI_SEED = 20261205
 
 
 def test_chaos_distributed_epoch(pytestconfig, capsys):
     seconds = pytestconfig.getoption("--chaos-seconds")
+    # As many elements as the read, about 375 elements/s, takes through the faults.
+    elements = int(seconds * 250)
     seed = pytestconfig.getoption("--chaos-seed")
-    seed = random.randrange(2**31) if seed is None else seed
+    if seed is None:
+        seed = CI_SEED if os.environ.get("CI") else random.randrange(2**31)
     with capsys.disabled():
         print(f"\nchaos run: seed {seed} (replay with --chaos-seed={seed}), {seconds:.0f} s of faults")
     rng = random.Random(seed)
@@ -45,11 +44,12 @@ def test_chaos_distributed_epoch(pytestconfig, capsys):
     )
     workers = {}
 
-    def start_worker(port: int) -> ServerProcess:
+    def start_worker(port: int = 0) -> ServerProcess:
+        """A worker at `port`, or (0) at a port it binds and reports (its address is
+        localhost:<port>, the same when it is restarted there)."""
         return ServerProcess(
             "--role=worker",
             f"--port={port}",
-            f"--worker_address=localhost:{port}",
             f"--dispatcher_address={cluster.address}",
             "--heartbeat_interval_ms=300",
         )
@@ -74,10 +74,10 @@ def test_chaos_distributed_epoch(pytestconfig, capsys):
 
     try:
         for _ in range(3):
-            port = _free_port()
-            workers[port] = start_worker(port)
+            worker = start_worker()
+            workers[worker.port] = worker
         # Slow enough per element that the read spans the faults (about 3 x 125 elements/s).
-        dataset = tf.data.Dataset.range(ELEMENTS).apply(tf_internal.sleep(8000))
+        dataset = tf.data.Dataset.range(elements).apply(tf_internal.sleep(8000))
         dataset = dataset.apply(service.distribute("distributed_epoch", cluster.target, dispatcher_timeout_ms=120_000))
         thread = threading.Thread(target=chaos, daemon=True)
         got, last, stall = [], time.monotonic(), 0.0
@@ -94,17 +94,17 @@ def test_chaos_distributed_epoch(pytestconfig, capsys):
         counts = collections.Counter(got)
         twice = [e for e, c in counts.items() if c > 1]
         assert not twice, f"{len(twice)} elements delivered twice (seed {seed}), e.g. {twice[:5]}"
-        assert all(0 <= e < ELEMENTS for e in counts)
-        lost = ELEMENTS - len(counts)
+        assert all(0 <= e < elements for e in counts)
+        lost = elements - len(counts)
         with capsys.disabled():
             print(
                 f"chaos run (seed {seed}): {kills['worker']} worker and {kills['dispatcher']} dispatcher kills, "
-                f"{len(counts):,} of {ELEMENTS:,} elements delivered, {lost} lost, longest stall {stall:.1f} s, "
+                f"{len(counts):,} of {elements:,} elements delivered, {lost} lost, longest stall {stall:.1f} s, "
                 f"{elapsed:.0f} s in all"
             )
         assert sum(kills.values()) >= 3, f"too few faults to say anything (seed {seed})"
         # Only what killed workers had started may be lost: a few ranges per kill.
-        assert lost <= kills["worker"] * ELEMENTS // 20 + 100, f"{lost} lost for {kills['worker']} worker kills"
+        assert lost <= kills["worker"] * 1000 + 100, f"{lost} lost for {kills['worker']} worker kills"
     finally:
         stop.set()
         for process in workers.values():
