@@ -8,6 +8,8 @@ import tensorflow as tf
 from conftest import in_process_cluster, to_list
 
 import dataservice as service
+from dataservice.rpc.dispatcher_client import DispatcherClient
+from dataservice.v1 import dispatcher_pb2
 from dataservice.worker.cross_trainer_cache import READ_AHEAD_ELEMENTS
 
 pytestmark = pytest.mark.timeout(180)
@@ -104,18 +106,24 @@ def test_tensorflows_checks_and_messages(cluster):
         read(cluster, "t", 1, dataset=tf.data.Dataset.range(10))
     with pytest.raises(tf.errors.InvalidArgumentError, match="does not support coordinated reads"):
         read(cluster, "t", 1, consumer_index=0, num_consumers=1)
-    # Unknown cardinality (from_dataset_id with an element_spec): the dispatcher checks.
+    # from_dataset_id with an element_spec: the registered cardinality tells.
     dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10))
-    finite = service.from_dataset_id(
-        "parallel_epochs",
-        cluster.target,
-        dataset_id,
-        element_spec=tf.TensorSpec([], tf.int64),
-        job_name="finite",
-        cross_trainer_cache=service.CrossTrainerCache("t"),
+    with pytest.raises(tf.errors.InvalidArgumentError, match="requires the input dataset to be infinite"):
+        service.from_dataset_id(
+            "parallel_epochs",
+            cluster.target,
+            dataset_id,
+            element_spec=tf.TensorSpec([], tf.int64),
+            job_name="finite",
+            cross_trainer_cache=service.CrossTrainerCache("t"),
+        )
+    # A client that does not check: the dispatcher refuses the job itself.
+    request = dispatcher_pb2.GetOrCreateJobRequest(
+        dataset_id=dataset_id.numpy().decode(), job_name="finite", use_cross_trainer_cache=True
     )
-    with pytest.raises(tf.errors.OpError, match="requires the input dataset to be infinite"):
-        to_list(finite)
+    with DispatcherClient(cluster.address, 10) as dispatcher:
+        with pytest.raises(tf.errors.OpError, match="requires the input dataset to be infinite"):
+            dispatcher.get_or_create_job(request)
     # A second pass over one dataset is a second repetition, which TensorFlow refuses too.
     once = INFINITE.apply(
         service.distribute(

@@ -20,10 +20,11 @@ from dataservice import tf_internal
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
 from dataservice.local_cluster import LocalCluster
+from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import compression, wire
 from dataservice.transfer.chunk import element_columns
 from dataservice.transfer.wire import ElementCodec
-from dataservice.v1 import common_pb2
+from dataservice.v1 import common_pb2, dispatcher_pb2
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -255,19 +256,25 @@ def test_coordinated_reads_need_an_infinite_dataset(cluster):
         tf.data.Dataset.range(10).apply(
             service.distribute("parallel_epochs", cluster.target, job_name="finite", consumer_index=0, num_consumers=2)
         )
-    # Through from_dataset_id with an element_spec the client cannot tell: the dispatcher refuses.
+    # Through from_dataset_id with an element_spec: the registered cardinality tells.
     dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10))
-    ds = service.from_dataset_id(
-        "parallel_epochs",
-        cluster.target,
-        dataset_id,
-        tf.TensorSpec([], tf.int64),
-        job_name="finite",
-        consumer_index=0,
-        num_consumers=2,
+    with pytest.raises(ValueError, match="infinite dataset"):
+        service.from_dataset_id(
+            "parallel_epochs",
+            cluster.target,
+            dataset_id,
+            tf.TensorSpec([], tf.int64),
+            job_name="finite",
+            consumer_index=0,
+            num_consumers=2,
+        )
+    # A client that does not check (or lies): the dispatcher refuses the job itself.
+    request = dispatcher_pb2.GetOrCreateJobRequest(
+        dataset_id=dataset_id.numpy().decode(), job_name="finite", num_consumers=2
     )
-    with pytest.raises(tf.errors.OpError, match="FailedPreconditionError.*infinite dataset"):
-        next(iter(ds))
+    with DispatcherClient(cluster.address, 10) as dispatcher:
+        with pytest.raises(tf.errors.FailedPreconditionError, match="infinite dataset"):
+            dispatcher.get_or_create_job(request)
 
 
 # ---- job garbage collection ----------------------------------------------------
