@@ -95,6 +95,16 @@ def wait_for_workers(address: str, count: int, timeout_s: float = 60.0) -> None:
     raise TimeoutError(f"fewer than {count} workers registered at {address}")
 
 
+def wait_until(condition, what: str, timeout_s: float = 30.0, poll_s: float = 0.05) -> None:
+    """Blocks until `condition()` holds; fails the test, saying `what` did not happen, after
+    `timeout_s` (a test asserts the state it waited for instead of sleeping and assuming it)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"within {timeout_s:.0f} s: {what}")
+        time.sleep(poll_s)
+
+
 def to_list(dataset: tf.data.Dataset, limit: Optional[int] = None) -> list:
     out = []
     for element in dataset.as_numpy_iterator():

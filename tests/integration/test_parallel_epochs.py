@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import in_process_cluster, to_list
+from conftest import in_process_cluster, to_list, wait_until
 
 import dataservice as service
 from dataservice import tf_internal
@@ -151,7 +151,11 @@ def test_worker_joining_after_the_first_sent_everything_is_still_read():
     try:
         iterator = iter(_distribute(tf.data.Dataset.range(200), cluster))
         first = [int(next(iterator)) for _ in range(50)]
-        time.sleep(0.5)  # the first worker has sent its end by now
+        first_worker = cluster.workers[0]
+        wait_until(lambda: not first_worker.running_tasks(), "the first worker sent all 200 elements and its end")
+        # Its task stays active until the client consumes that end (a client finishes
+        # parallel_epochs tasks), so the iteration is open to a worker that registers now.
+        assert cluster.dispatcher.state_summary()["active_tasks"] == 1
         cluster.add_worker()
         rest = [int(x) for x in iterator]
         assert collections.Counter(first + rest) == {i: 2 for i in range(200)}, "the added worker was not read"
