@@ -209,9 +209,6 @@ class LoadTracker:
                 seconds += latest.seconds_a
         return seconds / elements if elements else None
 
-    def job_ids(self) -> List[int]:
-        return sorted(set(self._totals) | set(self._tasks))
-
     def load(self, job_id: int, now: float) -> JobLoad:
         consumption: Dict[int, float] = {}
         waits: List[float] = []
