@@ -4,6 +4,8 @@
     data-server --role=worker --dispatcher_address=dispatcher:5050 --port=5051
     data-server --role=worker --config worker.yaml --port=6000   # flags override the file
     data-server status --dispatcher_address=dispatcher:5050        # what the dispatcher knows, as tables
+    data-server journal verify --work_dir=/data/ds                 # would a dispatcher start on this journal
+    data-server journal dump --work_dir=/data/ds                   # its updates, one JSON object a line
 
 A YAML config file holds a mapping whose keys are the field names of
 DispatcherConfig or WorkerConfig. On start the server prints one line,
@@ -29,6 +31,7 @@ import tensorflow as tf
 import yaml
 
 from dataservice.config import DispatcherConfig, WorkerConfig
+from dataservice.dispatcher import journal_tool
 from dataservice.dispatcher.dispatch_server import DispatchServer
 from dataservice.monitoring import logs, status_tables
 from dataservice.rpc.addresses import parse_service
@@ -194,6 +197,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["status"]:
         return status_main(argv[1:])
+    if argv[:1] == ["journal"]:
+        return journal_tool.main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     try:

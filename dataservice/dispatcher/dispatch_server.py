@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import pathlib
 import threading
 import time
 from typing import Any, Dict, Optional, Tuple
@@ -76,7 +75,7 @@ class DispatchServer:
         dispatcher's RPCs answer UNAVAILABLE and its health says NOT_SERVING)."""
         if not self._config.fault_tolerant_mode:
             return None, None
-        directory = pathlib.Path(self._config.work_dir) / "journal"
+        directory = journal.directory_of(self._config.work_dir)
         started = time.monotonic()
         replay = journal.read(directory)
         state = DispatcherState.replay(replay.updates)

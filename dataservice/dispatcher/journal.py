@@ -99,6 +99,11 @@ class Replay:
     base: Optional[int] = None
 
 
+def directory_of(work_dir: str) -> pathlib.Path:
+    """Where the journal of a dispatcher with this work_dir lives."""
+    return pathlib.Path(work_dir) / "journal"
+
+
 # ---- records -------------------------------------------------------------------
 
 
@@ -282,6 +287,38 @@ def read(directory: pathlib.Path, before: Optional[int] = None) -> Replay:
     # After the newest segment; after a snapshot whose segment a crash kept from being made, its own.
     next_seq = segments[-1][0] + 1 if segments else (base if base is not None else 0)
     return Replay(updates, next_seq, torn, base)
+
+
+@dataclasses.dataclass
+class FileReport:
+    """One journal file as an operator sees it (`data-server journal verify`): read on its own,
+    whether or not replay would read it."""
+
+    path: pathlib.Path
+    kind: str  # "journal" or "snapshot"
+    seq: int
+    size: int
+    updates: int = 0
+    # Where a torn final record starts (the newest segment only: dropped and zeroed at start).
+    torn_at: Optional[int] = None
+    # What makes it damaged (JournalCorruptError's message), or None.
+    problem: Optional[str] = None
+
+
+def inspect(directory: pathlib.Path) -> List[FileReport]:
+    """Every journal file under `directory`, in order, each read on its own; changes nothing."""
+    files = _files(directory)
+    segments = [seq for seq, kind, _ in files if kind == "journal"]
+    reports = []
+    for seq, kind, path in files:
+        report = FileReport(path, kind, seq, path.stat().st_size)
+        try:
+            result = _read_file(path, kind, seq, newest=kind == "journal" and seq == segments[-1])
+            report.updates, report.torn_at = len(result.updates), result.torn_at
+        except JournalCorruptError as e:
+            report.problem = str(e)
+        reports.append(report)
+    return reports
 
 
 # ---- writing -----------------------------------------------------------------------
