@@ -15,6 +15,7 @@ caller that bound port 0 learns the ports (M: the status page and /metrics;
 off). SIGTERM or SIGINT stops it gracefully with exit status 0.
 """
 
+# ruff: noqa: E402 - TensorFlow is imported after quiet_tensorflow() has set its logging up
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,10 @@ import signal
 import sys
 import threading
 from typing import Any, Dict, List, Optional
+
+from dataservice.quiet import quiet_tensorflow
+
+quiet_tensorflow()
 
 import tensorflow as tf
 import yaml

@@ -24,7 +24,9 @@ import tempfile
 import time
 from typing import Dict, List
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from dataservice.quiet import quiet_tensorflow
+
+quiet_tensorflow()
 
 import dataservice  # noqa: E402
 from dataservice.demo import mlp  # noqa: E402  (imports TensorFlow; the mesh is made before any op runs)

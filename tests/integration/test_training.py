@@ -157,13 +157,22 @@ def test_estimate_input_impact_tells_input_bound_from_compute_bound():
     assert "not input-bound" in str(impact)
 
 
-def _run(args, timeout_s=240):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
+def _run(args, timeout_s=240, tf_log_level="2"):
+    """The program's stdout (and its stderr, for the demo). `tf_log_level` None: TF_CPP_MIN_LOG_LEVEL
+    unset, as a newcomer runs it."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    if tf_log_level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = tf_log_level
     proc = subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout_s, cwd=REPO_ROOT
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return proc.stdout if tf_log_level is not None else (proc.stdout, proc.stderr)
+
+
+# What TensorFlow's C++ logging writes: "I0000 00:00:... file.cc:12] ..." and absl's notice.
+_TENSORFLOW_LOG_LINE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|oneDNN|cuInit", re.M)
 
 
 def _final_accuracy(output: str) -> float:
@@ -186,10 +195,12 @@ def test_examples_train_to_a_useful_accuracy(example, args):
 
 
 def test_demo_trains_through_a_local_cluster_and_saves_plots(tmp_path):
-    out = _run(
-        ["-m", "dataservice.demo", "--epochs", "3", "--no-progress", "--output-dir", str(tmp_path), "--linger", "1"]
+    out, err = _run(
+        ["-m", "dataservice.demo", "--epochs", "3", "--no-progress", "--output-dir", str(tmp_path), "--linger", "1"],
+        tf_log_level=None,
     )
     print(out)
+    assert not _TENSORFLOW_LOG_LINE.search(out + err), "TensorFlow's log lines in the demo's output:\n" + err[-2000:]
     assert out.count("epoch ") >= 3 and "examples/s" in out and "cluster stopped" in out
     assert re.search(r"status page: http://localhost:\d+/ \(metrics at http://localhost:\d+/metrics\)", out), out
     assert "the cluster stays up for 1 s" in out
