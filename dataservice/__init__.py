@@ -10,7 +10,7 @@ import TensorFlow before the program has set TensorFlow's logging up.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any
 
 # Each public name and the module that defines it.
 _PUBLIC = {
@@ -66,7 +66,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> List[str]:
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 

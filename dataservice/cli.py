@@ -26,7 +26,7 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from dataservice.quiet import quiet_tensorflow
 
@@ -132,7 +132,7 @@ def _status_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def status_main(argv: List[str]) -> int:
+def status_main(argv: list[str]) -> int:
     """`data-server status`: the dispatcher's status document as tables (or JSON)."""
     args = _status_parser().parse_args(argv)
     try:
@@ -161,7 +161,7 @@ def build_config(args: argparse.Namespace) -> Any:
     """
     cls = _CONFIGS[args.role]
     fields = {f.name for f in dataclasses.fields(cls)}
-    values: Dict[str, Any] = {}
+    values: dict[str, Any] = {}
     if args.config:
         try:
             with open(args.config) as f:
@@ -198,7 +198,7 @@ def build_config(args: argparse.Namespace) -> Any:
         raise ValueError(str(e)) from None
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["status"]:
         return status_main(argv[1:])

@@ -7,7 +7,7 @@ server never starts on a configuration it cannot honour.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from dataservice.rpc import auth, tls
 from dataservice.rpc.addresses import strip_protocol
@@ -28,7 +28,7 @@ def _check_port(port: int) -> None:
         raise ValueError(f"port must be an integer in [0, 65535] (0 picks a free port), got {port!r}")
 
 
-def _check_monitoring_port(port: Optional[int]) -> None:
+def _check_monitoring_port(port: int | None) -> None:
     if port is not None:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise ValueError(
@@ -41,14 +41,14 @@ def _check_bool(name: str, value: object) -> None:
         raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
-def _check_token_file(path: Optional[str]) -> None:
+def _check_token_file(path: str | None) -> None:
     if path is not None:
         if not isinstance(path, str) or not path:
             raise ValueError(f"auth_token_file must be a path, got {path!r}")
         auth.read_token_file(path)
 
 
-def _protocol(protocol: Optional[str]) -> str:
+def _protocol(protocol: str | None) -> str:
     """The protocol checked; None is the default, "grpc" (as TensorFlow's)."""
     if protocol is None:
         return tls.PLAINTEXT
@@ -84,7 +84,7 @@ NEVER = -1
 SHORTEST_MS = 1
 
 
-def _milliseconds(name: str, value: Optional[int], default: int, never: bool = False) -> int:
+def _milliseconds(name: str, value: int | None, default: int, never: bool = False) -> int:
     """`value` checked: `default` for None, SHORTEST_MS for 0. `never`: -1 is accepted too,
     meaning "never"."""
     if value is None:
@@ -133,20 +133,20 @@ class DispatcherConfig:
     """
 
     port: int = 0
-    protocol: Optional[str] = "grpc"
-    work_dir: Optional[str] = None
+    protocol: str | None = "grpc"
+    work_dir: str | None = None
     fault_tolerant_mode: bool = False
-    worker_addresses: Optional[Sequence[str]] = None
-    job_gc_check_interval_ms: Optional[int] = None
-    job_gc_timeout_ms: Optional[int] = None
-    worker_timeout_ms: Optional[int] = None
-    client_timeout_ms: Optional[int] = None
-    monitoring_port: Optional[int] = None
+    worker_addresses: Sequence[str] | None = None
+    job_gc_check_interval_ms: int | None = None
+    job_gc_timeout_ms: int | None = None
+    worker_timeout_ms: int | None = None
+    client_timeout_ms: int | None = None
+    monitoring_port: int | None = None
     allow_unsafe_ops: bool = False
-    auth_token_file: Optional[str] = None
-    tls_cert_file: Optional[str] = None
-    tls_key_file: Optional[str] = None
-    tls_ca_file: Optional[str] = None
+    auth_token_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
     max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
     worker_max_concurrent_snapshots: int = 0
 
@@ -221,22 +221,22 @@ class WorkerConfig:
     """
 
     dispatcher_address: str
-    worker_address: Optional[str] = None
+    worker_address: str | None = None
     port: int = 0
-    protocol: Optional[str] = "grpc"
-    heartbeat_interval_ms: Optional[int] = None
-    dispatcher_timeout_ms: Optional[int] = None
-    data_transfer_protocol: Optional[str] = None
-    data_transfer_address: Optional[str] = None
+    protocol: str | None = "grpc"
+    heartbeat_interval_ms: int | None = None
+    dispatcher_timeout_ms: int | None = None
+    data_transfer_protocol: str | None = None
+    data_transfer_address: str | None = None
     data_transfer_port: int = 0
-    monitoring_port: Optional[int] = None
+    monitoring_port: int | None = None
     allow_unsafe_ops: bool = False
-    auth_token_file: Optional[str] = None
-    tls_cert_file: Optional[str] = None
-    tls_key_file: Optional[str] = None
-    tls_ca_file: Optional[str] = None
-    cross_trainer_cache_size_bytes: Optional[int] = None
-    worker_tags: Optional[Sequence[str]] = None
+    auth_token_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
+    cross_trainer_cache_size_bytes: int | None = None
+    worker_tags: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)

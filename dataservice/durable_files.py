@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Iterable, Union
+from collections.abc import Iterable
 
-Data = Union[bytes, Iterable[bytes]]
+Data = bytes | Iterable[bytes]
 
 
-def fsync_directory(directory: Union[str, os.PathLike]) -> None:
+def fsync_directory(directory: str | os.PathLike) -> None:
     """Makes the directory's entries (files created, renamed or deleted in it) durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -25,7 +25,7 @@ def fsync_directory(directory: Union[str, os.PathLike]) -> None:
         os.close(fd)
 
 
-def write_durably(path: Union[str, os.PathLike], data: Data) -> None:
+def write_durably(path: str | os.PathLike, data: Data) -> None:
     """Writes `data` (bytes, or chunks of bytes) to `path` atomically and durably.
 
     The temporary file is `path` with a `.tmp` suffix; one left by a crash is

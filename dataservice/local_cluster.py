@@ -21,7 +21,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Iterator, List, Mapping, Optional, Sequence, Union
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Union
 
 _PORT_LINE = re.compile(r"listening on port (\d+)(?:, monitoring on port (\d+))?")
 
@@ -34,7 +35,7 @@ class ServerProcess:
         self,
         *args: str,
         start_timeout_s: float = 120.0,
-        env: Optional[dict] = None,
+        env: dict | None = None,
         launcher: Sequence[str] = (),
     ):
         env = dict(os.environ if env is None else env)
@@ -49,19 +50,19 @@ class ServerProcess:
             text=True,
             env=env,
         )
-        self.stderr_lines: List[str] = []
+        self.stderr_lines: list[str] = []
         threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr_lines), daemon=True).start()
-        self.monitoring_port: Optional[int] = None
+        self.monitoring_port: int | None = None
         self.port = self._read_port(start_timeout_s)
 
     @staticmethod
-    def _drain(stream, sink: List[str], keep: int = 200) -> None:
+    def _drain(stream, sink: list[str], keep: int = 200) -> None:
         for line in stream:
             sink.append(line)
             del sink[:-keep]
 
     def _read_port(self, timeout_s: float) -> int:
-        found: List[int] = []
+        found: list[int] = []
 
         def read() -> None:
             for line in self.proc.stdout:
@@ -106,7 +107,7 @@ class ServerProcess:
 Server = Union["ServerProcess", Any]  # a ServerProcess, a DispatchServer or a WorkerServer
 
 
-def config_flags(options: Mapping[str, Any]) -> List[str]:
+def config_flags(options: Mapping[str, Any]) -> list[str]:
     """`data-server` flags for config fields: `--name=value`, lists comma-joined, booleans as --[no-]name."""
     flags = []
     for name, value in options.items():
@@ -134,10 +135,10 @@ class LocalCluster:
         num_workers: int = 2,
         *,
         processes: bool = True,
-        work_dir: Optional[str] = None,
+        work_dir: str | None = None,
         fault_tolerant_mode: bool = False,
-        dispatcher_options: Optional[Mapping[str, Any]] = None,
-        worker_options: Optional[Mapping[str, Any]] = None,
+        dispatcher_options: Mapping[str, Any] | None = None,
+        worker_options: Mapping[str, Any] | None = None,
     ):
         self.processes = processes
         # Processes always get a work_dir (datasets are kept there, as in production); in-process
@@ -151,7 +152,7 @@ class LocalCluster:
         if fault_tolerant_mode:
             self._dispatcher_options["fault_tolerant_mode"] = True
         self._worker_options = dict(worker_options or {})
-        self.workers: List[Server] = []
+        self.workers: list[Server] = []
         self.dispatcher: Server = self._start_dispatcher(port=0)
         try:
             self.add_workers(num_workers)
@@ -177,7 +178,7 @@ class LocalCluster:
         return f"{self._dispatcher_options.get('protocol', 'grpc')}://{self.address}"
 
     @property
-    def status_page_url(self) -> Optional[str]:
+    def status_page_url(self) -> str | None:
         """The dispatcher's status page, if it serves a monitoring port (processes do by default)."""
         port = self.dispatcher.monitoring_port
         return f"http://localhost:{port}/" if port is not None else None
@@ -196,7 +197,7 @@ class LocalCluster:
         self.workers.append(worker)
         return worker
 
-    def add_workers(self, count: int, **options: Any) -> List[Server]:
+    def add_workers(self, count: int, **options: Any) -> list[Server]:
         """Starts `count` more workers at once (processes start side by side: most of a start is
         importing TensorFlow); `options` as for add_worker."""
         if count <= 1 or not self.processes:
@@ -228,7 +229,7 @@ class LocalCluster:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -236,7 +237,7 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def service_or_local_cluster(service: Optional[str], num_workers: int, processes: bool = False) -> Iterator[str]:
+def service_or_local_cluster(service: str | None, num_workers: int, processes: bool = False) -> Iterator[str]:
     """Yields `service` if given, else the target of a LocalCluster started for the block
     (in this process by default, as the tf.data service documentation's examples do)."""
     if service:

@@ -7,7 +7,6 @@ ValueError that names the argument and the values it accepts.
 from __future__ import annotations
 
 import enum
-from typing import Optional, Union
 
 from dataservice.config import DATA_TRANSFER_PROTOCOLS
 from dataservice.v1 import common_pb2
@@ -33,7 +32,7 @@ class ShardingPolicy(enum.IntEnum):
 _MODE_NAMES = {"parallel_epochs": ShardingPolicy.OFF, "distributed_epoch": ShardingPolicy.DYNAMIC}
 
 
-def parse_processing_mode(processing_mode: Union[str, ShardingPolicy]) -> ShardingPolicy:
+def parse_processing_mode(processing_mode: str | ShardingPolicy) -> ShardingPolicy:
     """Maps "parallel_epochs", "distributed_epoch" or a ShardingPolicy to a ShardingPolicy."""
     if isinstance(processing_mode, ShardingPolicy):
         return processing_mode
@@ -51,7 +50,7 @@ _COMPRESSIONS = {
 }
 
 
-def parse_compression(compression: Optional[str]) -> int:
+def parse_compression(compression: str | None) -> int:
     """Maps the `compression` argument ("AUTO", "SNAPPY" or None) to its proto enum value."""
     if compression not in _COMPRESSIONS:
         raise ValueError(f"compression must be 'AUTO', 'SNAPPY' or None, got {compression!r}")
@@ -65,7 +64,7 @@ _TARGET_WORKERS = {
 }
 
 
-def parse_target_workers(target_workers: Optional[str]) -> int:
+def parse_target_workers(target_workers: str | None) -> int:
     """Maps "AUTO" (also for None), "ANY" or "LOCAL" (any case) to its proto enum value."""
     if target_workers is None:
         target_workers = "AUTO"
@@ -75,7 +74,7 @@ def parse_target_workers(target_workers: Optional[str]) -> int:
     return _TARGET_WORKERS[key]
 
 
-def cross_trainer_cache_problem(job_name: str, num_consumers: int, cardinality: Optional[int]) -> Optional[str]:
+def cross_trainer_cache_problem(job_name: str, num_consumers: int, cardinality: int | None) -> str | None:
     """What keeps a job from a cross-trainer cache, in TensorFlow's words (its
     client/validate_utils.cc), or None. `cardinality` None: not known here (checked later)."""
     if not job_name:
@@ -93,7 +92,7 @@ def cross_trainer_cache_problem(job_name: str, num_consumers: int, cardinality: 
     return None
 
 
-def parse_data_transfer_protocol(protocol: Optional[str]) -> Optional[str]:
+def parse_data_transfer_protocol(protocol: str | None) -> str | None:
     """None (from a worker on this host its Unix socket and shared memory, else TCP where the
     worker offers it, else gRPC), "unix" and "local" (the same; "local" is TensorFlow's name for
     in-process workers, which every client reads through memory), "tcp" (TCP, never the Unix

@@ -13,7 +13,7 @@ TF_CPP_MIN_LOG_LEVEL is set already (0 shows everything), it does neither.
 import contextlib
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 # 3: none of TensorFlow's C++ INFO, WARNING or ERROR lines (errors that matter reach our own
 # logs and messages as exceptions).

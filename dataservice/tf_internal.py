@@ -12,7 +12,8 @@ fails on the upgrade when one is gone.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -28,7 +29,7 @@ def serialize_dataset_graph(dataset: tf.data.Dataset) -> bytes:
     """The pipeline's GraphDef bytes, device assignments stripped so any host can run it; ops with
     external state (a shuffle's seed generator, say) are kept with a warning, as TensorFlow's
     service does."""
-    return dataset._as_serialized_graph(  # pylint: disable=protected-access
+    return dataset._as_serialized_graph(
         external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN,
         strip_device_assignment=True,
     ).numpy()
@@ -36,7 +37,7 @@ def serialize_dataset_graph(dataset: tf.data.Dataset) -> bytes:
 
 def variant_tensor(dataset: tf.data.Dataset) -> tf.Tensor:
     """The DT_VARIANT tensor that stands for the dataset in graphs and raw ops."""
-    return dataset._variant_tensor  # pylint: disable=protected-access
+    return dataset._variant_tensor
 
 
 def tensor_memory(tensor: tf.Tensor) -> np.ndarray:
@@ -44,7 +45,7 @@ def tensor_memory(tensor: tf.Tensor) -> np.ndarray:
 
     `Tensor.numpy()` copies (it hands out a writable array); `memoryview(tensor)`
     would share the memory too but refuses bfloat16. Read-only by contract."""
-    return tensor._numpy()  # pylint: disable=protected-access
+    return tensor._numpy()
 
 
 def encode_structure(element_spec: Any) -> struct_pb2.StructuredValue:
@@ -56,23 +57,23 @@ def decode_structure(proto: struct_pb2.StructuredValue) -> Any:
     return _nested_structure_coder.decode_proto(proto)
 
 
-def flat_tensor_types(element_spec: Any) -> List[tf.DType]:
+def flat_tensor_types(element_spec: Any) -> list[tf.DType]:
     """The dtypes of the spec's flat (variant-encoded where composite) tensors, as raw dataset ops want them."""
     return _structure.get_flat_tensor_types(element_spec)
 
 
-def flat_tensor_shapes(element_spec: Any) -> List[tf.TensorShape]:
+def flat_tensor_shapes(element_spec: Any) -> list[tf.TensorShape]:
     return _structure.get_flat_tensor_shapes(element_spec)
 
 
-def iterator_resource(iterator: Any) -> Optional[tf.Tensor]:
+def iterator_resource(iterator: Any) -> tf.Tensor | None:
     """The resource tensor of an eager tf.data iterator (None if it has none)."""
     return getattr(iterator, "_iterator_resource", None)
 
 
 def iterator_get_next(
     resource: tf.Tensor, types: Sequence[tf.DType], shapes: Sequence[tf.TensorShape]
-) -> List[tf.Tensor]:
+) -> list[tf.Tensor]:
     """The next element's flat tensors straight from the IteratorGetNext op: `next()` on the
     iterator also switches the thread's executor and rebuilds the element's structure on every
     call. Raises tf.errors.OutOfRangeError at the end."""
@@ -93,7 +94,7 @@ def sleep(sleep_us: int):
     return _data_testing.sleep(sleep_us)
 
 
-def registered_op_names() -> List[str]:
+def registered_op_names() -> list[str]:
     """The names of every op registered in this process (TensorFlow's op registry)."""
     from tensorflow.core.framework import op_def_pb2
     from tensorflow.python.client import pywrap_tf_session as _c_api

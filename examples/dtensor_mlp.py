@@ -12,7 +12,7 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from dataservice.demo import mlp  # noqa: E402
+from dataservice.demo import mlp
 
 
 def main() -> None:

@@ -9,11 +9,11 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-import dataservice  # noqa: E402
-from dataservice.demo import sample_data  # noqa: E402
-from dataservice.local_cluster import service_or_local_cluster  # noqa: E402
+import dataservice
+from dataservice.demo import sample_data
+from dataservice.local_cluster import service_or_local_cluster
 
 
 def main() -> None:

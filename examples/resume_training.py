@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -54,9 +53,9 @@ def input_pipeline(args):
     return dataset.repeat(args.epochs).batch(args.batch)
 
 
-def read_log(path: str) -> Dict[int, List[int]]:
+def read_log(path: str) -> dict[int, list[int]]:
     """step -> the example ids of that step; a line cut short by a kill is left out."""
-    steps: Dict[int, List[int]] = {}
+    steps: dict[int, list[int]] = {}
     if not os.path.exists(path):
         return steps
     with open(path) as f:
@@ -114,7 +113,7 @@ def train(args) -> None:
 # ---- the run: cluster, kill, resume, check ------------------------------------------------------
 
 
-def check(args, copies: int) -> List[str]:
+def check(args, copies: int) -> list[str]:
     """Problems with the trained steps' examples; none when each epoch saw each example `copies` times."""
     steps = read_log(os.path.join(args.dir, LOG_NAME))
     if sorted(steps) != list(range(1, len(steps) + 1)):
@@ -140,7 +139,7 @@ def check(args, copies: int) -> List[str]:
     return problems
 
 
-def in_order(seen: List[int]) -> bool:
+def in_order(seen: list[int]) -> bool:
     """parallel_epochs, two workers: both streams yield the same order S (seeded shuffle), so the
     first occurrences follow S (the leading stream's position only grows) and so do the second
     ones (the trailing stream's): true when those two orders are one, as when each stream

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
-from typing import Dict, List, Optional, Tuple
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 # Eight logical CPUs for the tf.distribute and DTensor tests: TensorFlow allows
 # this only before it initializes its devices, so it happens at import.
@@ -70,7 +69,7 @@ def cluster2():
 @pytest.fixture
 def processes():
     """Starts `data-server` processes and kills whatever a test leaves running."""
-    started: List[ServerProcess] = []
+    started: list[ServerProcess] = []
 
     def start(*args: str) -> ServerProcess:
         p = ServerProcess(*args)
@@ -105,7 +104,7 @@ def wait_until(condition, what: str, timeout_s: float = 30.0, poll_s: float = 0.
         time.sleep(poll_s)
 
 
-def to_list(dataset: tf.data.Dataset, limit: Optional[int] = None) -> list:
+def to_list(dataset: tf.data.Dataset, limit: int | None = None) -> list:
     out = []
     for element in dataset.as_numpy_iterator():
         out.append(element)
@@ -114,7 +113,7 @@ def to_list(dataset: tf.data.Dataset, limit: Optional[int] = None) -> list:
     return out
 
 
-Samples = Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(port: int, host: str = "localhost") -> Samples:

@@ -10,7 +10,6 @@ import dataclasses
 import datetime
 import ipaddress
 import pathlib
-from typing import List, Optional, Tuple
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -36,11 +35,11 @@ def _name(common_name: str) -> x509.Name:
 
 def _issue(
     subject: str,
-    issuer: Optional[Tuple[x509.Certificate, ec.EllipticCurvePrivateKey]],
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
     ca: bool = False,
-    hosts: List[str] = (),
+    hosts: list[str] = (),
     usage=None,
-) -> Tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
     issuer_name, signing_key = (issuer[0].subject, issuer[1]) if issuer else (_name(subject), key)
@@ -67,7 +66,7 @@ def _issue(
     return builder.sign(signing_key, hashes.SHA256()), key
 
 
-def _write(directory: pathlib.Path, name: str, cert: x509.Certificate, key) -> Tuple[str, str]:
+def _write(directory: pathlib.Path, name: str, cert: x509.Certificate, key) -> tuple[str, str]:
     cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(

@@ -21,7 +21,7 @@ import random
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -62,7 +62,7 @@ class ScaleResult:
     journal_appends_per_s: float
 
 
-def _cpu_us(calls: List[Callable[[], object]]) -> float:
+def _cpu_us(calls: list[Callable[[], object]]) -> float:
     """CPU microseconds per call, over all of `calls`."""
     start = time.process_time()
     for call in calls:
@@ -74,7 +74,7 @@ def simulate(
     num_workers: int,
     rounds: int = 3,
     split_requests_per_round: int = 2000,
-    journal_dir: Optional[pathlib.Path] = None,
+    journal_dir: pathlib.Path | None = None,
 ) -> ScaleResult:
     """One run at `num_workers` workers; see the module docstring."""
     clock = _Clock()
@@ -92,8 +92,8 @@ def simulate(
         dataset_id = core.register_dataset(
             dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_lib.serialize_dataset(source), metadata=metadata)
         ).dataset_id
-        clients: List[int] = []
-        iterations: List[int] = []
+        clients: list[int] = []
+        iterations: list[int] = []
         for job in range(NUM_JOBS):
             job_id = core.get_or_create_job(
                 dispatcher_pb2.GetOrCreateJobRequest(
@@ -109,8 +109,8 @@ def simulate(
                 clients.append(response.iteration_client_id)
             iterations.append(response.iteration_id)
         # Each worker runs one task of every job; a task asks for ranges 0, 1, 2, ... in turn.
-        tasks_of: Dict[str, List[int]] = {address: [] for address in workers}
-        task_iteration: Dict[int, int] = {}
+        tasks_of: dict[str, list[int]] = {address: [] for address in workers}
+        task_iteration: dict[int, int] = {}
         for client in clients[::CLIENTS_PER_JOB]:
             for info in core.client_heartbeat(dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client)).tasks:
                 tasks_of[info.worker_address].append(info.task_id)
@@ -165,7 +165,7 @@ def simulate(
             writer.close()
 
 
-def run(worker_counts=(10, 100, 1000), quick: bool = False) -> List[ScaleResult]:
+def run(worker_counts=(10, 100, 1000), quick: bool = False) -> list[ScaleResult]:
     """simulate() at each worker count, without and with a journal (in a temporary directory)."""
     results = []
     for num_workers in worker_counts:
@@ -192,7 +192,7 @@ class SnapshotStall:
     heartbeats: int
 
 
-def snapshot_stall(target_updates: int = 100_000, journal_dir: Optional[pathlib.Path] = None) -> SnapshotStall:
+def snapshot_stall(target_updates: int = 100_000, journal_dir: pathlib.Path | None = None) -> SnapshotStall:
     """Worker heartbeat latency while the dispatcher snapshots a state of about `target_updates`
     updates: heartbeats scheduled every HEARTBEAT_PERIOD_S from a request that triggers the
     snapshot until the snapshot is on disk."""
@@ -220,7 +220,7 @@ def snapshot_stall(target_updates: int = 100_000, journal_dir: Optional[pathlib.
         # (intended time, latency) of heartbeats scheduled every HEARTBEAT_PERIOD_S. Latency counts from
         # the intended time, so that a heartbeat held up by a stall also delays, and is charged to,
         # the ones scheduled behind it (as heartbeats from many workers would be).
-        samples: List[Tuple[float, float]] = []
+        samples: list[tuple[float, float]] = []
         done = threading.Event()
 
         def heartbeats() -> None:

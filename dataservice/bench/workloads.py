@@ -52,25 +52,26 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-import dataservice  # noqa: E402
-from dataservice import tf_internal  # noqa: E402
-from dataservice.bench import scale as scale_simulation  # noqa: E402
-from dataservice.dispatcher import journal  # noqa: E402
-from dataservice.dispatcher.state import DispatcherState  # noqa: E402
-from dataservice.local_cluster import LocalCluster  # noqa: E402
-from dataservice.transfer import allocator  # noqa: E402
-from dataservice.v1 import journal_pb2  # noqa: E402
+import dataservice
+from dataservice import tf_internal
+from dataservice.bench import scale as scale_simulation
+from dataservice.dispatcher import journal
+from dataservice.dispatcher.state import DispatcherState
+from dataservice.local_cluster import LocalCluster
+from dataservice.transfer import allocator
+from dataservice.v1 import journal_pb2
 
 tf_service = tf.data.experimental.service
 ALL_WORKLOADS = list(range(1, 16))
 # What a measurement gives: one value, or values by metric name.
-Measured = Union[float, Dict[str, float]]
+Measured = float | dict[str, float]
 
 
 # A TensorFlow worker process: serves until killed.
@@ -88,7 +89,7 @@ class _TFCluster:
 
     def __init__(self) -> None:
         self.dispatcher = tf_service.DispatchServer()
-        self.workers: List[subprocess.Popen] = []
+        self.workers: list[subprocess.Popen] = []
 
     @property
     def target(self) -> str:
@@ -112,7 +113,7 @@ class _TFCluster:
             if worker.stdout.readline().strip() != "started":
                 raise RuntimeError("a TensorFlow worker process did not start")
         deadline = time.monotonic() + 60
-        while self.dispatcher._num_workers() < len(self.workers):  # pylint: disable=protected-access
+        while self.dispatcher._num_workers() < len(self.workers):
             if time.monotonic() > deadline:
                 raise RuntimeError("a TensorFlow worker process did not register")
             time.sleep(0.05)
@@ -121,7 +122,7 @@ class _TFCluster:
         for worker in self.workers:
             worker.kill()
             worker.wait(30)
-        self.dispatcher._stop()  # pylint: disable=protected-access
+        self.dispatcher._stop()
 
 
 class _OurCluster:
@@ -142,14 +143,14 @@ class _OurCluster:
 _SYSTEMS = {"tf.data service": _TFCluster, "dataservice": _OurCluster}
 
 
-def _side_by_side(factories: Dict[str, Callable[[], Any]]) -> Dict[str, Any]:
+def _side_by_side(factories: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     """What each factory makes, made at once (each starts processes, mostly importing TensorFlow)."""
     with concurrent.futures.ThreadPoolExecutor(len(factories)) as pool:
         futures = {name: pool.submit(factory) for name, factory in factories.items()}
     return {name: future.result() for name, future in futures.items()}
 
 
-def _add_workers(clusters: Dict[str, Any], count: int) -> None:
+def _add_workers(clusters: dict[str, Any], count: int) -> None:
     """`count` more workers for every cluster, all started at once."""
     _side_by_side({name: functools.partial(cluster.add_workers, count) for name, cluster in clusters.items()})
 
@@ -162,7 +163,7 @@ MAX_BATCH = 256
 BATCH_BYTES = 4 * 1024 * 1024
 
 
-def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0, ragged: bool = False) -> Dict[str, float]:
+def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0, ragged: bool = False) -> dict[str, float]:
     """Iterates in batches (so the Python loop is not the bottleneck) and times it
     up to the end of sequence (`ragged`: in ragged batches, for elements of varying shapes).
     The iterator is destroyed after the clock stops:
@@ -197,7 +198,7 @@ def _count(dataset: tf.data.Dataset, bytes_per_element: int = 0, ragged: bool = 
     }
 
 
-def _big_rates(counted: Dict[str, float]) -> Dict[str, float]:
+def _big_rates(counted: dict[str, float]) -> dict[str, float]:
     return {"throughput": counted["mb_per_s"], "steady state": counted["steady_mb_per_s"]}
 
 
@@ -213,10 +214,10 @@ def _first_element_s(dataset: tf.data.Dataset) -> float:
 class Bench:
     def __init__(self, quick: bool):
         self.quick = quick
-        self.rows: List[dict] = []
+        self.rows: list[dict] = []
 
     def record(
-        self, workload: str, metric: str, unit: str, values: Dict[str, float], higher_is_better: bool = True
+        self, workload: str, metric: str, unit: str, values: dict[str, float], higher_is_better: bool = True
     ) -> None:
         ours, theirs = values.get("dataservice"), values.get("tf.data service")
         ratio = None
@@ -237,7 +238,7 @@ class Bench:
             return dataservice.distribute(mode, cluster.target, **kwargs)
         return tf_service.distribute(mode, cluster.target, **kwargs)
 
-    def warm_up(self, clusters: Dict[str, object]) -> None:
+    def warm_up(self, clusters: dict[str, object]) -> None:
         """Reads a small dataset through each service, so that workers just started have run a
         first task (imports, first graph optimizations) before anything is timed."""
         for system, cluster in clusters.items():
@@ -250,22 +251,22 @@ class Bench:
         metric: str,
         unit: str,
         make: Callable[[int, str], tf.data.Dataset],
-        clusters: Dict[str, object],
+        clusters: dict[str, object],
         measure: Callable[[tf.data.Dataset], Measured],
         local: bool = True,
         higher_is_better: bool = True,
         repeats: int = 1,
         pause_s: float = 0.0,
-        ours: Optional[Dict[str, object]] = None,
+        ours: dict[str, object] | None = None,
         **distribute_kwargs,
-    ) -> Dict[str, float]:
+    ) -> dict[str, float]:
         """Measures `make(trial, system)` locally and through each service, `repeats` times in
         turn (so that a passing disturbance hits every system alike); the median counts.
         `measure` gives the metric's value, or several metrics' values by name (the first
         is `metric`'s, whose values are returned). `pause_s` between measurements lets
         the previous one's clean-up (iterators, jobs) finish before the next is timed.
         `ours`: distribute() arguments for dataservice alone (a transfer protocol, say)."""
-        samples: Dict[str, Dict[str, List[float]]] = {}
+        samples: dict[str, dict[str, list[float]]] = {}
 
         def add(system: str, measured: Measured) -> None:
             for name, value in (measured if isinstance(measured, dict) else {metric: measured}).items():
@@ -287,7 +288,7 @@ class Bench:
         return next(iter(medians.values()))
 
 
-def _job_lifecycle_updates(count: int) -> List[journal_pb2.Update]:
+def _job_lifecycle_updates(count: int) -> list[journal_pb2.Update]:
     """`count` updates of a busy dispatcher: distributed_epoch jobs on 4 workers, each
     created, split, read by one client and finished."""
     U = journal_pb2.Update
@@ -344,7 +345,7 @@ def _job_lifecycle_updates(count: int) -> List[journal_pb2.Update]:
     return updates[:count]
 
 
-def _recovery_s(updates: List[journal_pb2.Update], snapshot_every: Optional[int]) -> float:
+def _recovery_s(updates: list[journal_pb2.Update], snapshot_every: int | None) -> float:
     """Writes `updates` as the dispatcher would (snapshots every `snapshot_every`), then times read + replay."""
     with tempfile.TemporaryDirectory() as tmp:
         directory = pathlib.Path(tmp)
@@ -362,7 +363,7 @@ def _recovery_s(updates: List[journal_pb2.Update], snapshot_every: Optional[int]
         return time.perf_counter() - start
 
 
-def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dict]:
+def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
     bench = Bench(quick)
     scale = 1 if not quick else 0.05
     # Short measurements vary most: they are repeated and their median reported.
@@ -468,7 +469,7 @@ def run(quick: bool, workloads: List[int], json_path: Optional[str]) -> List[dic
         sleep_us = 2000
         n_sleep = int(3000 * scale) or 100
         make_slow = lambda trial, system: tf.data.Dataset.range(n_sleep).apply(tf_internal.sleep(sleep_us))  # noqa: E731
-        rates: Dict[int, Dict[str, float]] = {}
+        rates: dict[int, dict[str, float]] = {}
         if 4 in workloads:
             rates[1] = bench.compare(
                 "4. sleep 2 ms/element, 1 worker",
@@ -586,7 +587,7 @@ _IMAGE_ROWS = (130, 391)
 _IMAGE_MEAN_BYTES = (_IMAGE_ROWS[0] + _IMAGE_ROWS[1] - 1) // 2 * 256 * 3
 
 
-def _sized(sizes: Dict[str, int], system: str) -> int:
+def _sized(sizes: dict[str, int], system: str) -> int:
     return sizes.get(system, sizes["other"])
 
 
@@ -603,10 +604,10 @@ def _images(count: int) -> tf.data.Dataset:
     )
 
 
-def _four_clients(bench: Bench, clusters: Dict[str, object], sizes: Dict[str, int]) -> None:
+def _four_clients(bench: Bench, clusters: dict[str, object], sizes: dict[str, int]) -> None:
     """Four trainers (threads of this process) each read range(N) in parallel_epochs from the four
     workers at once (each gets every worker's N elements); all elements read over the wall time."""
-    values: Dict[str, float] = {}
+    values: dict[str, float] = {}
     for system, cluster in clusters.items():
         count = _sized(sizes, system)
         kwargs = OVER_TCP if system == "dataservice" else {}
@@ -623,7 +624,7 @@ def _four_clients(bench: Bench, clusters: Dict[str, object], sizes: Dict[str, in
     bench.record("15. 4 clients reading 4 workers at once", "throughput", "elements/s, all clients", values)
 
 
-def _consume(dataset: tf.data.Dataset, read: List[int], index: int) -> None:
+def _consume(dataset: tf.data.Dataset, read: list[int], index: int) -> None:
     for batch in dataset.batch(MAX_BATCH):
         read[index] += int(batch.shape[0])
 
@@ -637,13 +638,13 @@ def _cross_trainer_cache(bench: Bench, scale: float) -> None:
     try:
         _add_workers(clusters, 1)
         for trainers in (1, 2, 4):
-            ratios: Dict[str, float] = {}
-            rates: Dict[str, float] = {}
+            ratios: dict[str, float] = {}
+            rates: dict[str, float] = {}
             for system, cluster in clusters.items():
                 cache_class = (
                     tf_service.CrossTrainerCache if system == "tf.data service" else dataservice.CrossTrainerCache
                 )
-                seen: List[int] = []
+                seen: list[int] = []
                 job_name = f"cache-{trainers}"
                 threads = [
                     threading.Thread(
@@ -683,7 +684,7 @@ def _cross_trainer_cache(bench: Bench, scale: float) -> None:
             cluster.stop()
 
 
-def _read_as_trainer(distribute: Callable, count: int, seen: List[int]) -> None:
+def _read_as_trainer(distribute: Callable, count: int, seen: list[int]) -> None:
     """Reads `count` elements of an infinite range through `distribute`; appends the largest."""
     largest = 0
     for batch in tf.data.Dataset.range(10**12).repeat().apply(distribute).take(count).batch(MAX_BATCH):
@@ -718,7 +719,7 @@ def _tls_cost(bench: Bench, scale: float, repeats: int) -> None:
         )
         try:
             for transfer in ("tcp", "grpc"):
-                samples: Dict[str, List[float]] = {}
+                samples: dict[str, list[float]] = {}
                 for _ in range(repeats):
                     for name, cluster in clusters.items():
                         dataset = make_big(0).apply(

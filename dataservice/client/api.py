@@ -10,7 +10,8 @@ call per chunk, which rebuilds the elements in its own graph
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional, Tuple, Union
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -30,8 +31,8 @@ from dataservice.transfer.chunk import element_at
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2
 
-Service = Union[str, Tuple[str, str]]
-DatasetId = Union[str, bytes, int, tf.Tensor]
+Service = str | tuple[str, str]
+DatasetId = str | bytes | int | tf.Tensor
 
 # Without max_outstanding_requests, a client holds at most this many bytes of
 # fixed-size elements (and at most MAX_DEFAULT_BUDGET of them), or
@@ -76,7 +77,7 @@ def _trainer_id(cross_trainer_cache: Any) -> str:
     return trainer_id.decode() if isinstance(trainer_id, bytes) else trainer_id
 
 
-def _timeout_s(dispatcher_timeout_ms: Optional[int]) -> float:
+def _timeout_s(dispatcher_timeout_ms: int | None) -> float:
     if dispatcher_timeout_ms is None:
         return DEFAULT_CLIENT_TIMEOUT_MS / 1000
     if not isinstance(dispatcher_timeout_ms, int) or dispatcher_timeout_ms <= 0:
@@ -99,7 +100,7 @@ def _dataset_id_str(dataset_id: DatasetId) -> str:
 def _register(
     target: addresses.Target,
     dataset: tf.data.Dataset,
-    compression: Optional[str],
+    compression: str | None,
     requested: str,
     timeout_s: float,
     splittable: bool = False,
@@ -127,10 +128,10 @@ def _register(
 def register_dataset(
     service: Service,
     dataset: tf.data.Dataset,
-    compression: Optional[str] = "AUTO",
-    dataset_id: Optional[DatasetId] = None,
+    compression: str | None = "AUTO",
+    dataset_id: DatasetId | None = None,
     *,
-    dispatcher_timeout_ms: Optional[int] = None,
+    dispatcher_timeout_ms: int | None = None,
 ) -> tf.Tensor:
     """Registers `dataset` with the dispatcher and returns its id (a scalar string tensor).
 
@@ -327,19 +328,19 @@ def _coordinated_dataset(
 
 
 def from_dataset_id(
-    processing_mode: Union[str, modes.ShardingPolicy],
+    processing_mode: str | modes.ShardingPolicy,
     service: Service,
     dataset_id: DatasetId,
     element_spec: Any = None,
-    job_name: Optional[str] = None,
-    consumer_index: Optional[int] = None,
-    num_consumers: Optional[int] = None,
-    max_outstanding_requests: Optional[int] = None,
-    data_transfer_protocol: Optional[str] = None,
+    job_name: str | None = None,
+    consumer_index: int | None = None,
+    num_consumers: int | None = None,
+    max_outstanding_requests: int | None = None,
+    data_transfer_protocol: str | None = None,
     cross_trainer_cache: Any = None,
     target_workers: str = "AUTO",
     *,
-    dispatcher_timeout_ms: Optional[int] = None,
+    dispatcher_timeout_ms: int | None = None,
 ) -> tf.data.Dataset:
     """A dataset reading the registered dataset `dataset_id` from the service.
 
@@ -371,18 +372,18 @@ def from_dataset_id(
 
 
 def distribute(
-    processing_mode: Union[str, modes.ShardingPolicy],
+    processing_mode: str | modes.ShardingPolicy,
     service: Service,
-    job_name: Optional[str] = None,
-    consumer_index: Optional[int] = None,
-    num_consumers: Optional[int] = None,
-    max_outstanding_requests: Optional[int] = None,
-    data_transfer_protocol: Optional[str] = None,
-    compression: Optional[str] = "AUTO",
+    job_name: str | None = None,
+    consumer_index: int | None = None,
+    num_consumers: int | None = None,
+    max_outstanding_requests: int | None = None,
+    data_transfer_protocol: str | None = None,
+    compression: str | None = "AUTO",
     cross_trainer_cache: Any = None,
     target_workers: str = "AUTO",
     *,
-    dispatcher_timeout_ms: Optional[int] = None,
+    dispatcher_timeout_ms: int | None = None,
 ) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
     """A transformation for Dataset.apply that moves the dataset's processing to the service.
 

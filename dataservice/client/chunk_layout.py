@@ -20,7 +20,8 @@ aligned chunk are views of it (no copy of large elements).
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -43,8 +44,8 @@ class ChunkLayout:
         self.element_spec = codec.element_spec
         self._composite = not codec.plain
         # First the chunk's element count, then each component's arrays.
-        types: List[tf.DType] = [tf.int64]
-        shapes: List[tf.TensorShape] = [tf.TensorShape([])]
+        types: list[tf.DType] = [tf.int64]
+        shapes: list[tf.TensorShape] = [tf.TensorShape([])]
         for spec, kind in zip(codec.component_specs, self.kinds):
             if kind.is_string:
                 types += [tf.string, tf.int64]
@@ -73,9 +74,9 @@ class ChunkLayout:
 
     # ---- Python side: a chunk's arrays -------------------------------------
 
-    def arrays(self, chunk: chunk_lib.Chunk) -> List[np.ndarray]:
+    def arrays(self, chunk: chunk_lib.Chunk) -> list[np.ndarray]:
         """The chunk's arrays, in `types` order."""
-        out: List[np.ndarray] = [np.array(chunk.num_elements, np.int64)]
+        out: list[np.ndarray] = [np.array(chunk.num_elements, np.int64)]
         for kind, column in zip(self.kinds, chunk.columns):
             if kind.is_string:
                 out += [np.array(column.values.tobytes(), dtype=object), column.lengths]
@@ -92,7 +93,7 @@ class ChunkLayout:
                     ]
         return out
 
-    def empty(self) -> List[np.ndarray]:
+    def empty(self) -> list[np.ndarray]:
         """The arrays of a chunk of no element."""
         out = []
         for dtype, shape in zip(self.types, self.shapes):
@@ -105,11 +106,11 @@ class ChunkLayout:
 
     # ---- graph side: elements from a chunk's arrays ------------------------
 
-    def batched(self, arrays: Sequence[tf.Tensor]) -> List[Any]:
+    def batched(self, arrays: Sequence[tf.Tensor]) -> list[Any]:
         """Per component, the chunk's elements as one tensor with a leading dimension of the
         elements, or, for components of no fixed shape, a ragged tensor of their values and
         each element's shape beside it."""
-        out: List[Any] = []
+        out: list[Any] = []
         count = arrays[0]
         i = 1
         for kind in self.kinds:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Iterator, Optional, Tuple
+from collections.abc import Iterator
 
 import grpc
 import tensorflow as tf
@@ -41,7 +41,7 @@ class CoordinatedReader:
         consumer_index: int,
         timeout_s: float,
         compression: int,
-        tls: Optional[TlsFiles] = None,
+        tls: TlsFiles | None = None,
     ):
         self.codec = codec
         self._tls = tls
@@ -50,11 +50,11 @@ class CoordinatedReader:
         self._compression = compression
         self._round = 0
         self._round_limit = 0
-        self._tasks: Dict[int, common_pb2.TaskInfo] = {}
+        self._tasks: dict[int, common_pb2.TaskInfo] = {}
         self._iteration_finished = False
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
         self._changed = threading.Condition()
-        self._stubs: Dict[str, grpc_service.WorkerDataStub] = {}
+        self._stubs: dict[str, grpc_service.WorkerDataStub] = {}
         self.meter = ReadingMeter()
         self.session = IterationSession(
             dispatcher_address,
@@ -100,7 +100,7 @@ class CoordinatedReader:
             self.meter.handed(chunk.num_elements, chunk.nbytes)
             yield chunk
 
-    def _task_of_round(self, round_index: int) -> Optional[common_pb2.TaskInfo]:
+    def _task_of_round(self, round_index: int) -> common_pb2.TaskInfo | None:
         """The task serving the round (lost ones included: their rounds are skipped, which
         also carries the consumers to the first round of a worker that replaces them);
         waits for the dispatcher's grant and for a first task. None: the iteration is over."""
@@ -132,7 +132,7 @@ class CoordinatedReader:
 
     def _read(
         self, task: common_pb2.TaskInfo, round_index: int
-    ) -> Optional[Tuple[worker_pb2.GetElementResponse, wire.FrameBuffers]]:
+    ) -> tuple[worker_pb2.GetElementResponse, wire.FrameBuffers] | None:
         """The consumer's element of the round (the frame's header and buffers); None when the
         task's worker is lost."""
         request = worker_pb2.GetElementRequest(

@@ -11,7 +11,7 @@ written under the ledger's one lock.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, Hashable, Iterable, Tuple
+from collections.abc import Callable, Hashable, Iterable
 
 
 class _Account:
@@ -30,7 +30,7 @@ class CreditLedger:
         self.budget = max(1, budget)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._accounts: Dict[Hashable, _Account] = {}
+        self._accounts: dict[Hashable, _Account] = {}
 
     def open(self, stream: Hashable) -> None:
         """Adds a stream (its share is taken from the others' as they free credits)."""
@@ -75,7 +75,7 @@ class CreditLedger:
             account = self._accounts[stream]
             return account.granted - account.received
 
-    def consumed(self, taken: Iterable[Tuple[Hashable, int]]) -> None:
+    def consumed(self, taken: Iterable[tuple[Hashable, int]]) -> None:
         """The consumer took `count` elements of each stream: their credits are free again."""
         with self._changed:
             for stream, count in taken:

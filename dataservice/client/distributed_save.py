@@ -11,7 +11,6 @@ directory's DONE file, or its ERROR file; `Dataset.load(path, wait=True)` reads 
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import tensorflow as tf
 from tensorflow.core.protobuf import snapshot_pb2
@@ -27,9 +26,9 @@ def distributed_save(
     dataset: tf.data.Dataset,
     path: str,
     data_service_address: str,
-    compression: Optional[str] = "AUTO",
+    compression: str | None = "AUTO",
     *,
-    dispatcher_timeout_ms: Optional[int] = None,
+    dispatcher_timeout_ms: int | None = None,
 ) -> None:
     """Starts writing `dataset` to the directory `path` (which must not exist) with the service at
     `data_service_address` ("host:port", or "grpc[+tls]://host:port"); returns at once.

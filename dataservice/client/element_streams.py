@@ -13,7 +13,8 @@ import os
 import socket
 import ssl
 import threading
-from typing import Iterator, Optional, Protocol, Tuple
+from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
 
@@ -25,18 +26,18 @@ from dataservice.transfer import grpc_service, local, shared_memory, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
 
 Requests = Iterator[worker_pb2.StreamElementsRequest]
-Response = Tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]
+Response = tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]
 # How long a TCP connection to a worker may take to open before it counts as a transient failure.
 CONNECT_TIMEOUT_S = 10.0
 
 
 def open_stream(
     task: common_pb2.TaskInfo,
-    protocol: Optional[str],
+    protocol: str | None,
     requests: Requests,
-    tls: Optional[TlsFiles] = None,
+    tls: TlsFiles | None = None,
     ring_bytes: int = 0,
-) -> "ElementStream":
+) -> ElementStream:
     """The stream of `task`: through memory when its worker runs in this process (whatever
     `protocol`, as TensorFlow's client does); else, unless `protocol` is "grpc", over the
     worker's Unix socket when it is on this host (not for "tcp"; asking for a ring of
@@ -72,7 +73,7 @@ class ElementStream(Protocol):
 
 
 class GrpcElementStream:
-    def __init__(self, address: str, requests: Requests, tls: Optional[TlsFiles] = None):
+    def __init__(self, address: str, requests: Requests, tls: TlsFiles | None = None):
         self._address = address
         self._tls = tls
         self._call = grpc_service.WorkerDataStub(shared_channels.acquire(address, tls)).StreamElements(requests)
@@ -99,7 +100,7 @@ class LocalElementStream:
         first = local.uncompressed(next(self._requests))
         self._responses = serve(first, self._requests, lambda: not self._cancelled.is_set())
 
-    def __iter__(self) -> Iterator[Tuple[worker_pb2.StreamElementsResponse, local.BufferList]]:
+    def __iter__(self) -> Iterator[tuple[worker_pb2.StreamElementsResponse, local.BufferList]]:
         try:
             for response, buffers in self._responses:
                 yield response, local.BufferList(buffers)
@@ -121,7 +122,7 @@ class TcpElementStream:
     iterating one. Connects to `address` over TCP unless given a connected `sock`."""
 
     def __init__(
-        self, address: str, requests: Requests, tls: Optional[TlsFiles] = None, sock: Optional[socket.socket] = None
+        self, address: str, requests: Requests, tls: TlsFiles | None = None, sock: socket.socket | None = None
     ):
         self._address = address
         self._send_lock = threading.Lock()
@@ -134,7 +135,7 @@ class TcpElementStream:
         self._sender.start()
 
     @staticmethod
-    def _connect(address: str, tls: Optional[TlsFiles]) -> socket.socket:
+    def _connect(address: str, tls: TlsFiles | None) -> socket.socket:
         try:
             return tcp.connect(address, CONNECT_TIMEOUT_S, tls)
         except ssl.SSLError as e:
@@ -147,7 +148,7 @@ class TcpElementStream:
         """The first request as this transfer sends it."""
         return request
 
-    def _send(self, requests: Requests, token: Optional[str]) -> None:
+    def _send(self, requests: Requests, token: str | None) -> None:
         try:
             first = True
             for request in requests:
@@ -167,7 +168,7 @@ class TcpElementStream:
         with self._send_lock:
             tcp.send_request(self._sock, request)
 
-    def _receive(self) -> Tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]:
+    def _receive(self) -> tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]:
         return tcp.recv_response(self._sock)
 
     def __iter__(self) -> Iterator[Response]:
@@ -203,8 +204,8 @@ class UnixElementStream(TcpElementStream):
 
     def __init__(self, sock: socket.socket, requests: Requests, ring_bytes: int = 0):
         self._ring_bytes = ring_bytes if shared_memory.available() else 0
-        self._ring: Optional[shared_memory.RingView] = None
-        self._released: "collections.deque[int]" = collections.deque()
+        self._ring: shared_memory.RingView | None = None
+        self._released: collections.deque[int] = collections.deque()
         self._release_now = threading.Event()
         self._closed = threading.Event()
         super().__init__("this host's Unix socket", requests, sock=sock)
@@ -217,7 +218,7 @@ class UnixElementStream(TcpElementStream):
         first.shared_memory_bytes = self._ring_bytes
         return first
 
-    def _receive(self) -> Tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]:
+    def _receive(self) -> tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]:
         response, body, fd = tcp.recv_message(self._sock, receive_fd=self._ring_bytes > 0 and self._ring is None)
         if fd is not None:
             if not response.ring_bytes or self._ring is not None:

@@ -16,7 +16,7 @@ import collections
 import logging
 import queue
 import threading
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 import grpc
 import tensorflow as tf
@@ -53,9 +53,9 @@ class IterationReader:
         max_outstanding: int,
         timeout_s: float,
         compression: int,
-        protocol: Optional[str] = None,
-        tls: Optional[TlsFiles] = None,
-        resume_from: Optional[Sequence[Tuple[int, int]]] = None,
+        protocol: str | None = None,
+        tls: TlsFiles | None = None,
+        resume_from: Sequence[tuple[int, int]] | None = None,
     ):
         self.codec = codec
         self.protocol = protocol
@@ -66,17 +66,17 @@ class IterationReader:
         # The ring of shared memory a stream from a worker on this host asks for.
         self.ring_bytes = shared_memory.ring_bytes_for(max_outstanding, codec.element_bytes)
         self.trainer_id = job.trainer_id
-        self._queue: "queue.Queue[tuple]" = queue.Queue()
-        self._streams: Dict[int, _TaskStream] = {}
+        self._queue: queue.Queue[tuple] = queue.Queue()
+        self._streams: dict[int, _TaskStream] = {}
         self._lock = threading.Lock()
         self._iteration_finished = False
         # Tasks the dispatcher reports finished: their data ran out, or their worker was lost.
         self._finished_tasks: set = set()
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
         # parallel_epochs ends: per task, the elements the consumer has gone past (to compare with what
         # its stream received); the tasks whose stream ended with an end of sequence; those whose end
         # the consumer has reached.
-        self._passed_counts: Dict[int, int] = collections.Counter()
+        self._passed_counts: dict[int, int] = collections.Counter()
         self._ended_tasks: set = set()
         self._consumed_ends: set = set()
         self.meter = ReadingMeter()
@@ -108,7 +108,7 @@ class IterationReader:
 
     def chunks_with_origin(
         self, merge_elements: int = 0, merge_bytes: int = 0
-    ) -> Iterator[Tuple[chunk_lib.Chunk, List[Tuple[int, int]]]]:
+    ) -> Iterator[tuple[chunk_lib.Chunk, list[tuple[int, int]]]]:
         """chunks(), each with where its elements came from: (task id, element count) in order."""
         meter = self.meter
         while True:
@@ -193,10 +193,10 @@ class IterationReader:
 
     # ---- called by the streams -------------------------------------------
 
-    def put(self, stream: "_TaskStream", chunk: chunk_lib.Chunk) -> None:
+    def put(self, stream: _TaskStream, chunk: chunk_lib.Chunk) -> None:
         self._queue.put((stream, chunk.num_elements, chunk))
 
-    def stream_ended(self, stream: "_TaskStream", end_of_sequence: bool = False) -> None:
+    def stream_ended(self, stream: _TaskStream, end_of_sequence: bool = False) -> None:
         """The stream will receive nothing more: the credits it was granted and did not use return.
         `end_of_sequence`: it ended with its task's end (not with a lost worker or an error)."""
         self.credits.end(stream.task_id)
@@ -255,7 +255,7 @@ class _TaskStream:
         self._reader = reader
         self._task = task
         self.task_id = task.task_id
-        self._stream: Optional[ElementStream] = None
+        self._stream: ElementStream | None = None
         self._cancel_lock = threading.Lock()
         self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"stream-task-{task.task_id}", daemon=True)
@@ -284,7 +284,7 @@ class _TaskStream:
         backoff = retrying.Backoff(reader.timeout_s)
         while not reader.stopped.is_set():
             ended = threading.Event()
-            stream: Optional[ElementStream] = None
+            stream: ElementStream | None = None
             try:
                 stream = open_stream(self._task, reader.protocol, self._requests(ended), reader.tls, reader.ring_bytes)
                 with self._cancel_lock:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
 
 from dataservice.rpc.dispatcher_client import ReadingTotals
 
@@ -26,8 +25,8 @@ class ReadingMeter:
         self._bytes = 0
         self._wait_s = 0.0
         self._consume_s = 0.0
-        self._handed_at: Optional[float] = None
-        self._waiting_since: Optional[float] = None
+        self._handed_at: float | None = None
+        self._waiting_since: float | None = None
 
     def wait_started(self) -> None:
         """The consumer asked for the next chunk: its time on the previous one ends here (a

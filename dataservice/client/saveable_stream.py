@@ -39,7 +39,7 @@ import logging
 import secrets
 import threading
 import weakref
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -75,10 +75,10 @@ class _Slot:
     def __init__(self, repetition: int, calls: int = 0):
         self.repetition = repetition
         self.calls = calls
-        self.reader: Optional[IterationReader] = None
-        self.chunks: Optional[Iterator[Tuple[chunk_lib.Chunk, List[Tuple[int, int]]]]] = None
+        self.reader: IterationReader | None = None
+        self.chunks: Iterator[tuple[chunk_lib.Chunk, list[tuple[int, int]]]] | None = None
         # Elements handed to tf.data per task (the progress a checkpoint saves).
-        self.handed: Dict[int, int] = {}
+        self.handed: dict[int, int] = {}
         self.token_alive = True
         self.closed = False
         # A restored iterator's reader: the scan's state (the progress arrays fetch returned last)
@@ -86,7 +86,7 @@ class _Slot:
         self.tracked_progress = False
         self.progress_seq = 0
 
-    def progress(self) -> Tuple[np.ndarray, np.ndarray]:
+    def progress(self) -> tuple[np.ndarray, np.ndarray]:
         tasks = sorted(self.handed)
         out = (chunk_lib.aligned_empty((len(tasks),), np.int64), chunk_lib.aligned_empty((len(tasks),), np.int64))
         out[0][:] = tasks
@@ -99,7 +99,7 @@ class _Slot:
             self.reader.close()
 
 
-ReaderFactory = Callable[[int, Optional[Sequence[Tuple[int, int]]]], IterationReader]
+ReaderFactory = Callable[[int, Sequence[tuple[int, int]] | None], IterationReader]
 
 
 class SaveableStream:
@@ -115,7 +115,7 @@ class SaveableStream:
         self,
         layout: ChunkLayout,
         open_reader: ReaderFactory,
-        merge: Tuple[int, int],
+        merge: tuple[int, int],
         before_first: Callable[[], None] = lambda: None,
     ):
         self._layout = layout
@@ -124,7 +124,7 @@ class SaveableStream:
         self._before_first = before_first
         self._repetitions = Repetitions()
         self._lock = threading.Lock()
-        self._slots: Dict[int, _Slot] = {}
+        self._slots: dict[int, _Slot] = {}
 
     # ---- the pipeline ----------------------------------------------------------
 
@@ -180,7 +180,7 @@ class SaveableStream:
         weakref.finalize(token, self._token_released, handle, slot)
         return token
 
-    def _progress(self, handle: int, slot: _Slot) -> Tuple[np.ndarray, np.ndarray]:
+    def _progress(self, handle: int, slot: _Slot) -> tuple[np.ndarray, np.ndarray]:
         """The slot's progress for the scan. For a restored iterator's reader, whose token is not
         this process's, the arrays (adopted by TensorFlow, held as the scan's state) stand in for
         the token: when the latest of them is released, the iterator is gone."""

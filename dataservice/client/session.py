@@ -13,7 +13,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -35,8 +35,8 @@ class JobSpec:
         self,
         dataset_id: str,
         sharding_policy: int,
-        job_name: Optional[str],
-        num_consumers: Optional[int],
+        job_name: str | None,
+        num_consumers: int | None,
         target_workers: int,
         trainer_id: str = "",
     ):
@@ -60,7 +60,7 @@ class JobSpec:
 
 
 @functools.lru_cache(maxsize=1)
-def _local_hosts() -> FrozenSet[str]:
+def _local_hosts() -> frozenset[str]:
     names = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
     for name in (socket.gethostname(), socket.getfqdn()):
         names.add(name.lower())
@@ -82,7 +82,7 @@ def is_local_worker(address: str) -> bool:
 COLOCATED = "COLOCATED"
 
 
-def tasks_to_read(tasks: Sequence[common_pb2.TaskInfo], target_workers: int) -> List[common_pb2.TaskInfo]:
+def tasks_to_read(tasks: Sequence[common_pb2.TaskInfo], target_workers: int) -> list[common_pb2.TaskInfo]:
     """The tasks a client reads: LOCAL, those on workers of this process or host; AUTO, every
     task except those on another host's COLOCATED workers (as TensorFlow's client); ANY, all."""
     if target_workers == common_pb2.TARGET_WORKERS_LOCAL:
@@ -104,8 +104,8 @@ class IterationSession:
         current_round: Callable[[], int] = lambda: 0,
         consumed_tasks: Callable[[], Sequence[int]] = lambda: (),
         reading: Callable[[], ReadingTotals] = ReadingTotals,
-        tls: Optional[TlsFiles] = None,
-        resume_from: Optional[Sequence[Tuple[int, int]]] = None,
+        tls: TlsFiles | None = None,
+        resume_from: Sequence[tuple[int, int]] | None = None,
     ):
         """`resume_from`: (task id, elements taken) of a saved iterator, whose position a new
         iteration continues from (ResumeIteration), instead of joining repetition `repetition`."""
@@ -124,7 +124,7 @@ class IterationSession:
         self._wake = threading.Event()
         self.repetition = repetition
         # A resumed iteration's tasks at its start.
-        self.resumed_tasks: List[int] = []
+        self.resumed_tasks: list[int] = []
         try:
             if resume_from is not None:
                 resumed = self._dispatcher.resume_iteration(job.request(), resume_from)
@@ -139,7 +139,7 @@ class IterationSession:
             raise
         self.client_id = iteration.iteration_client_id
         self._waiting_since = time.monotonic()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """The first heartbeat (here, so that its errors reach the caller), then a thread for the rest."""

@@ -22,7 +22,6 @@ import os
 import sys
 import tempfile
 import time
-from typing import Dict, List
 
 from dataservice.quiet import quiet_tensorflow
 
@@ -32,7 +31,7 @@ import dataservice  # noqa: E402
 from dataservice.demo import mlp  # noqa: E402  (imports TensorFlow; the mesh is made before any op runs)
 
 
-def _plot(history: Dict[str, List[float]], output_dir: str) -> List[str]:
+def _plot(history: dict[str, list[float]], output_dir: str) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,7 +85,7 @@ def main(argv=None) -> int:
     print(f"wrote the digits as TFRecord shards under {data_dir}", flush=True)
     print(f"starting a dispatcher and {args.workers} worker processes ...", flush=True)
     started = time.monotonic()
-    history: Dict[str, List[float]] = {k: [] for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy")}
+    history: dict[str, list[float]] = {k: [] for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy")}
     with LocalCluster(num_workers=args.workers) as cluster:
         print(
             f"cluster up in {time.monotonic() - started:.1f} s: dispatcher at {cluster.target} "

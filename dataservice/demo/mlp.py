@@ -9,7 +9,7 @@ batch, as MirroredStrategy would. Layer sizes are the caller's (the tutorial's
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
@@ -42,7 +42,7 @@ class DenseLayer(tf.Module):
         out_dim: int,
         weight_layout: dtensor.Layout,
         activation=tf.identity,
-        seed: Tuple[int, int] = (22, 23),
+        seed: tuple[int, int] = (22, 23),
     ):
         super().__init__()
         self.activation = activation
@@ -67,7 +67,7 @@ class MLP(tf.Module):
     def __init__(self, sizes: Sequence[int], mesh: dtensor.Mesh):
         super().__init__()
         layout = dtensor.Layout([dtensor.UNSHARDED, dtensor.UNSHARDED], mesh)
-        self.layers: List[DenseLayer] = [
+        self.layers: list[DenseLayer] = [
             DenseLayer(a, b, layout, activation=tf.nn.relu if i < len(sizes) - 2 else tf.identity, seed=(22, 23 + i))
             for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
         ]

@@ -10,7 +10,6 @@ splits by file.
 from __future__ import annotations
 
 import os
-from typing import Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -23,7 +22,7 @@ _FEATURES = {
 }
 
 
-def write_digits(directory: str, num_shards: int = 8, test_fraction: float = 0.2, seed: int = 0) -> Tuple[str, str]:
+def write_digits(directory: str, num_shards: int = 8, test_fraction: float = 0.2, seed: int = 0) -> tuple[str, str]:
     """Writes the digits as `num_shards` train and `num_shards` test TFRecord files;
     returns the (train, test) file patterns. Pixels are scaled to [0, 1]."""
     from sklearn.datasets import load_digits  # the data sits in scikit-learn's wheel

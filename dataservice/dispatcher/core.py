@@ -20,7 +20,8 @@ import math
 import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import tensorflow as tf
 
@@ -101,10 +102,10 @@ class DispatcherCore:
         config: DispatcherConfig,
         address: str,
         *,
-        journal: Optional[JournalWriter] = None,
-        state: Optional[DispatcherState] = None,
-        datasets: Optional[DatasetStore] = None,
-        notifier: Optional[WorkerNotifier] = None,
+        journal: JournalWriter | None = None,
+        state: DispatcherState | None = None,
+        datasets: DatasetStore | None = None,
+        notifier: WorkerNotifier | None = None,
         clock: Clock = time.monotonic,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     ):
@@ -119,12 +120,12 @@ class DispatcherCore:
         self._clock = clock
         self._lock = threading.RLock()
         now = clock()
-        self._client_seen: Dict[ClientId, float] = {c: now for c in self._state.client_ids()}
-        self._worker_seen: Dict[WorkerAddress, float] = {w: now for w in self._state.alive_workers()}
+        self._client_seen: dict[ClientId, float] = {c: now for c in self._state.client_ids()}
+        self._worker_seen: dict[WorkerAddress, float] = {w: now for w in self._state.alive_workers()}
         # Named iterations without clients, since when: ended after job_gc_timeout_ms.
-        self._idle_since: Dict[IterationId, float] = {}
+        self._idle_since: dict[IterationId, float] = {}
         # Coordinated reads: iteration -> (time, round, rounds/s) of the clients' reports.
-        self._round_reports: Dict[IterationId, Tuple[float, int, float]] = {}
+        self._round_reports: dict[IterationId, tuple[float, int, float]] = {}
         # Clients' and workers' rates, for metrics and the worker recommendation.
         self._load = LoadTracker()
         self._started = now
@@ -142,7 +143,7 @@ class DispatcherCore:
 
     # ---- reading the state ---------------------------------------------------
 
-    def summary(self) -> Dict[str, int]:
+    def summary(self) -> dict[str, int]:
         """Counts of datasets, workers, jobs, iterations, tasks and clients."""
         with self._lock:
             return self._state.summary()
@@ -151,7 +152,7 @@ class DispatcherCore:
         with self._lock:
             self._state.validate()
 
-    def status(self) -> Dict:
+    def status(self) -> dict:
         """The status document (dispatcher/status_report.py): workers, datasets, jobs with their
         iterations and load, clients, and the elements/s history."""
         with self._lock:
@@ -373,7 +374,7 @@ class DispatcherCore:
         )
         return job_id
 
-    def _check_policy(self, policy: int, dataset_id: str, metadata) -> List[int]:
+    def _check_policy(self, policy: int, dataset_id: str, metadata) -> list[int]:
         """Checks that the dataset can be processed under `policy` (outside the lock:
         it parses the graph); returns the split group sizes for distributed_epoch."""
         if policy == common_pb2.SHARDING_POLICY_OFF:
@@ -408,7 +409,7 @@ class DispatcherCore:
             ) from None
         return []
 
-    def _named_job(self, request) -> Optional[int]:
+    def _named_job(self, request) -> int | None:
         """The id of the job named in the request, if it exists and matches it. Call with self._lock held."""
         job = self._state.job_named(request.job_name) if request.job_name else None
         if job is None:
@@ -417,7 +418,7 @@ class DispatcherCore:
         return job.job_id
 
     def get_or_create_iteration(self, request: dispatcher_pb2.GetOrCreateIterationRequest):
-        new_tasks: List[common_pb2.TaskDef] = []
+        new_tasks: list[common_pb2.TaskDef] = []
         with self._lock:
             job = self._state.job(request.job_id)
             if job is None:
@@ -474,12 +475,12 @@ class DispatcherCore:
             raise status.invalid_argument("an iterator with coordinated reads (num_consumers) cannot be resumed")
         if not request.progress:
             raise status.invalid_argument("the saved progress names no task")
-        consumed: Dict[int, int] = {}
+        consumed: dict[int, int] = {}
         for p in request.progress:
             if p.elements < 0:
                 raise status.invalid_argument(f"task {p.task_id}: elements must be >= 0, got {p.elements}")
             consumed[p.task_id] = p.elements
-        new_tasks: List[common_pb2.TaskDef] = []
+        new_tasks: list[common_pb2.TaskDef] = []
         with self._lock:
             saved_tasks = [self._state.task(t) for t in consumed]
             unknown = [t for t, task in zip(consumed, saved_tasks) if task is None]
@@ -968,7 +969,7 @@ def _check_totals(what: str, **totals: float) -> None:
             raise status.invalid_argument(f"{what}: {name} must be a finite number >= 0, got {value}")
 
 
-def _rebuild(updates: List[journal_pb2.Update]) -> List[journal_pb2.Update]:
+def _rebuild(updates: list[journal_pb2.Update]) -> list[journal_pb2.Update]:
     """The updates that rebuild the state `updates` make (a snapshot's content)."""
     return DispatcherState.replay(updates).to_updates()
 

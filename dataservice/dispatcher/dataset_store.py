@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import pathlib
 import threading
-from typing import Dict, Optional
 
 from dataservice import durable_files
 
 
 class DatasetStore:
-    def __init__(self, work_dir: Optional[str]):
+    def __init__(self, work_dir: str | None):
         self._dir = pathlib.Path(work_dir) / "datasets" if work_dir else None
-        self._graphs: Dict[str, bytes] = {}
+        self._graphs: dict[str, bytes] = {}
         self._lock = threading.Lock()
         if self._dir is not None:
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -35,7 +34,7 @@ class DatasetStore:
         with self._lock:
             self._graphs[dataset_id] = graph_def
 
-    def get(self, dataset_id: str) -> Optional[bytes]:
+    def get(self, dataset_id: str) -> bytes | None:
         with self._lock:
             graph = self._graphs.get(dataset_id)
         if graph is None and self._dir is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import journal, status_report
@@ -37,7 +37,7 @@ class DispatchServer:
     UNAVAILABLE, which clients and workers retry.
     """
 
-    def __init__(self, config: Optional[DispatcherConfig] = None, start: bool = True):
+    def __init__(self, config: DispatcherConfig | None = None, start: bool = True):
         self._config = config or DispatcherConfig()
         if not isinstance(self._config, DispatcherConfig):
             raise TypeError(f"config must be a DispatcherConfig, got {type(self._config).__name__}")
@@ -60,9 +60,9 @@ class DispatchServer:
         dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._servicer, self._server)
         self._health = HealthReporter(self._server, [SERVICE_NAME])
         self._notifier = GrpcWorkerNotifier(auth_token=security.auth_token, tls=security.as_client())
-        self._core: Optional[DispatcherCore] = None
-        self._journal: Optional[JournalWriter] = None
-        self._monitoring: Optional[MonitoringServer] = None
+        self._core: DispatcherCore | None = None
+        self._journal: JournalWriter | None = None
+        self._monitoring: MonitoringServer | None = None
         self._started = False
         self._stopped = threading.Event()
         self._stopping = threading.Event()
@@ -70,7 +70,7 @@ class DispatchServer:
         if start:
             self.start()
 
-    def _recover(self) -> Tuple[Optional[DispatcherState], Optional[JournalWriter]]:
+    def _recover(self) -> tuple[DispatcherState | None, JournalWriter | None]:
         """In fault_tolerant_mode: replays the journal and opens a new segment (meanwhile the
         dispatcher's RPCs answer UNAVAILABLE and its health says NOT_SERVING)."""
         if not self._config.fault_tolerant_mode:
@@ -140,10 +140,10 @@ class DispatchServer:
         while not self._stopping.wait(self._core.gc_interval_s()):
             try:
                 self._core.collect_garbage()
-            except Exception:  # noqa: BLE001 - keep collecting on the next round
+            except Exception:
                 log.exception("garbage collection failed")
 
-    def _status_or_empty(self) -> Dict[str, Any]:
+    def _status_or_empty(self) -> dict[str, Any]:
         """The status document; while the journal is replayed, one that says so."""
         core = self._core
         if core is None:
@@ -166,17 +166,17 @@ class DispatchServer:
             }
         return core.status()
 
-    def state_summary(self) -> Dict[str, int]:
+    def state_summary(self) -> dict[str, int]:
         """Counts of datasets, workers (alive or not), jobs, iterations, tasks (active or not) and
         iteration clients, as the dispatcher's state holds them now."""
         return self._core.summary()
 
-    def status(self) -> Dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         """The status document that /status.json serves (README, section Operations)."""
         return self._status_or_empty()
 
     @property
-    def monitoring_port(self) -> Optional[int]:
+    def monitoring_port(self) -> int | None:
         """The bound port of /metrics and the status page; None without monitoring_port."""
         return self._monitoring.port if self._monitoring is not None else None
 
@@ -192,7 +192,7 @@ class DispatchServer:
     def port(self) -> int:
         return self._port
 
-    def __enter__(self) -> "DispatchServer":
+    def __enter__(self) -> DispatchServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,8 +10,6 @@ clients retry.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from dataservice import status
 from dataservice.dispatcher.core import DispatcherCore
 from dataservice.rpc import errors
@@ -19,7 +17,7 @@ from dataservice.v1 import dispatcher_pb2_grpc
 
 
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
-    def __init__(self, core: Optional[DispatcherCore] = None, address: str = "the dispatcher"):
+    def __init__(self, core: DispatcherCore | None = None, address: str = "the dispatcher"):
         self._attached = core
         self._address = address
 

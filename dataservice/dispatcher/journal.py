@@ -39,7 +39,8 @@ import re
 import struct
 import threading
 import time
-from typing import Callable, Iterable, List, Optional, Protocol, Tuple
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import google_crc32c
 
@@ -92,11 +93,11 @@ class Replay:
     """What recovery found: the updates to apply in order, the next free sequence number, and the
     torn tail of the newest segment, if any."""
 
-    updates: List[journal_pb2.Update]
+    updates: list[journal_pb2.Update]
     next_seq: int
-    torn: Optional[TornTail] = None
+    torn: TornTail | None = None
     # The sequence number replay starts at (the snapshot's, or the first segment's); None: no journal yet.
-    base: Optional[int] = None
+    base: int | None = None
 
 
 def directory_of(work_dir: str) -> pathlib.Path:
@@ -120,7 +121,7 @@ def _header_record(**fields) -> bytes:
     return _frame(_HEADER_RECORD, json.dumps({"format": FORMAT, **fields}, sort_keys=True).encode())
 
 
-def _valid_header_at(data: bytes, offset: int) -> Optional[Tuple[int, int, int]]:
+def _valid_header_at(data: bytes, offset: int) -> tuple[int, int, int] | None:
     """(type, length, payload crc) of a frame header at `offset` whose own checksum holds, else None."""
     if offset + _FRAME.size > len(data):
         return None
@@ -130,7 +131,7 @@ def _valid_header_at(data: bytes, offset: int) -> Optional[Tuple[int, int, int]]
     return record_type, length, payload_crc
 
 
-def _next_valid_header(data: bytes, start: int) -> Optional[int]:
+def _next_valid_header(data: bytes, start: int) -> int | None:
     """The offset of the first frame header at or after `start` whose checksum holds."""
     offset = data.find(bytes([_MAGIC]), start)
     while offset != -1:
@@ -143,17 +144,17 @@ def _next_valid_header(data: bytes, start: int) -> Optional[int]:
 @dataclasses.dataclass
 class _FileRead:
     header: dict
-    updates: List[journal_pb2.Update]
+    updates: list[journal_pb2.Update]
     # Where the whole records end; where a torn final record starts (newest segment only).
     end: int
-    torn_at: Optional[int] = None
+    torn_at: int | None = None
 
 
 def _read_file(path: pathlib.Path, kind: str, seq: int, newest: bool) -> _FileRead:
     """The records of one file. In the newest segment a torn final record is reported, not raised."""
     data = path.read_bytes()
-    header: Optional[dict] = None
-    updates: List[journal_pb2.Update] = []
+    header: dict | None = None
+    updates: list[journal_pb2.Update] = []
     offset = 0
 
     def damaged(problem: str) -> JournalCorruptError:
@@ -167,7 +168,7 @@ def _read_file(path: pathlib.Path, kind: str, seq: int, newest: bool) -> _FileRe
                 path, len(data), f"a size of {len(data)} bytes, not a multiple of its {chunk}-byte chunks (cut short)"
             )
 
-    def torn_or_damaged(problem: str, record_end: Optional[int]) -> _FileRead:
+    def torn_or_damaged(problem: str, record_end: int | None) -> _FileRead:
         """A bad record at `offset`: torn by a crash if it is an update record with nothing valid
         after it in the newest segment (headers and snapshots are written whole)."""
         later = _next_valid_header(data, max(record_end or 0, offset + 1))
@@ -232,7 +233,7 @@ def _read_file(path: pathlib.Path, kind: str, seq: int, newest: bool) -> _FileRe
     return _FileRead(header, updates, offset)
 
 
-def _files(directory: pathlib.Path) -> List[Tuple[int, str, pathlib.Path]]:
+def _files(directory: pathlib.Path) -> list[tuple[int, str, pathlib.Path]]:
     found = []
     for path in directory.iterdir() if directory.exists() else ():
         match = _NAME.match(path.name)
@@ -241,7 +242,7 @@ def _files(directory: pathlib.Path) -> List[Tuple[int, str, pathlib.Path]]:
     return sorted(found)
 
 
-def read(directory: pathlib.Path, before: Optional[int] = None) -> Replay:
+def read(directory: pathlib.Path, before: int | None = None) -> Replay:
     """What to replay: the newest snapshot's updates, then those of the segments after it.
     Raises JournalCorruptError on damage (see the module docstring).
 
@@ -251,14 +252,14 @@ def read(directory: pathlib.Path, before: Optional[int] = None) -> Replay:
     snapshots = [(seq, path) for seq, kind, path in files if kind == "snapshot"]
     base = snapshots[-1][0] if snapshots else None
     segments = [(seq, path) for seq, kind, path in files if kind == "journal" and (base is None or seq >= base)]
-    updates: List[journal_pb2.Update] = []
+    updates: list[journal_pb2.Update] = []
     if snapshots:
         updates.extend(_read_file(snapshots[-1][1], "snapshot", base, newest=False).updates)
     from_snapshot = base is not None
     if base is None and segments:
         base = segments[0][0]
     expected_seq = base
-    torn: Optional[TornTail] = None
+    torn: TornTail | None = None
     for i, (seq, path) in enumerate(segments):
         if seq != expected_seq:
             missing = directory / f"journal-{expected_seq:010d}.log"
@@ -300,12 +301,12 @@ class FileReport:
     size: int
     updates: int = 0
     # Where a torn final record starts (the newest segment only: dropped and zeroed at start).
-    torn_at: Optional[int] = None
+    torn_at: int | None = None
     # What makes it damaged (JournalCorruptError's message), or None.
-    problem: Optional[str] = None
+    problem: str | None = None
 
 
-def inspect(directory: pathlib.Path) -> List[FileReport]:
+def inspect(directory: pathlib.Path) -> list[FileReport]:
     """Every journal file under `directory`, in order, each read on its own; changes nothing."""
     files = _files(directory)
     segments = [seq for seq, kind, _ in files if kind == "journal"]
@@ -376,7 +377,7 @@ class JournalWriter:
         seq: int,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         sync: bool = True,
-        base: Optional[int] = None,
+        base: int | None = None,
     ):
         self._dir = directory
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -385,15 +386,15 @@ class JournalWriter:
         self._seq = seq
         # Where replay starts: the newest snapshot's sequence number, or the first segment's.
         self._base = seq if base is None else base
-        self._snapshotter: Optional[threading.Thread] = None
+        self._snapshotter: threading.Thread | None = None
         self._fd = -1
         self._open_segment(seq)
         # Updates appended by this writer (for benchmarks and metrics).
         self.appended = 0
-        self.observer: Optional[JournalObserver] = None
+        self.observer: JournalObserver | None = None
 
     @classmethod
-    def after(cls, directory: pathlib.Path, replay: Replay, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> "JournalWriter":
+    def after(cls, directory: pathlib.Path, replay: Replay, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> JournalWriter:
         """The writer of a dispatcher that recovered `replay`: repairs a torn tail first."""
         if replay.torn is not None:
             repair(replay.torn)
@@ -436,7 +437,7 @@ class JournalWriter:
             self.observer.appended(time.perf_counter() - started)
 
     def snapshot_in_background(
-        self, rebuild: Callable[[List[journal_pb2.Update]], Iterable[journal_pb2.Update]]
+        self, rebuild: Callable[[list[journal_pb2.Update]], Iterable[journal_pb2.Update]]
     ) -> bool:
         """Starts a snapshot without holding up appends: a new segment starts now, and a thread
         replays the files before it, turns their updates into the fewer updates that rebuild the
@@ -456,7 +457,7 @@ class JournalWriter:
         self._snapshotter.start()
         return True
 
-    def _write_snapshot(self, seq: int, rebuild: Callable[[List[journal_pb2.Update]], Iterable[journal_pb2.Update]]):
+    def _write_snapshot(self, seq: int, rebuild: Callable[[list[journal_pb2.Update]], Iterable[journal_pb2.Update]]):
         started = time.perf_counter()
         try:
             records = [encode_update(u) for u in rebuild(read(self._dir, before=seq).updates)]
@@ -471,7 +472,7 @@ class JournalWriter:
             log.info("journal snapshot %d written (%d updates)", seq, len(records))
             if self.observer is not None:
                 self.observer.snapshotted(time.perf_counter() - started)
-        except Exception:  # noqa: BLE001 - the journal is whole without it; the next one is tried later
+        except Exception:
             log.exception("writing journal snapshot %d failed; the segments stay", seq)
 
     def wait_for_snapshot(self, timeout_s: float) -> bool:

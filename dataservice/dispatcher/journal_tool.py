@@ -19,7 +19,7 @@ import argparse
 import json
 import pathlib
 import sys
-from typing import List, Optional, TextIO
+from typing import TextIO
 
 from google.protobuf import json_format
 
@@ -95,7 +95,7 @@ def dump(directory: pathlib.Path, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def main(argv: List[str], out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
+def main(argv: list[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     args = _parser().parse_args(argv)
     work_dir = pathlib.Path(args.work_dir)

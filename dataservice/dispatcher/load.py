@@ -23,7 +23,7 @@ import collections
 import dataclasses
 import math
 import statistics
-from typing import Deque, Dict, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
 
 # Rates are measured over the reports of the last seconds.
 WINDOW_S = 10.0
@@ -55,13 +55,13 @@ class _Series:
     """A peer's cumulative reports over the last WINDOW_S seconds (and one older, as the base)."""
 
     def __init__(self) -> None:
-        self._reports: Deque[_Report] = collections.deque()
+        self._reports: collections.deque[_Report] = collections.deque()
 
     @property
-    def latest(self) -> Optional[_Report]:
+    def latest(self) -> _Report | None:
         return self._reports[-1] if self._reports else None
 
-    def add(self, report: _Report) -> Tuple[int, int, float]:
+    def add(self, report: _Report) -> tuple[int, int, float]:
         """Records a report; returns what it adds to the previous one (elements, bytes,
         seconds_a), never negative: a peer whose totals went down restarted its count."""
         previous = self.latest
@@ -79,7 +79,7 @@ class _Series:
             report.seconds_a - previous.seconds_a,
         )
 
-    def window(self, now: float) -> Optional[Tuple[float, int, float, float]]:
+    def window(self, now: float) -> tuple[float, int, float, float] | None:
         """(seconds, elements, seconds_a, seconds_b) between the oldest and newest report of the
         window; None without two reports or when the newest is older than the window."""
         if len(self._reports) < 2 or now - self._reports[-1].time > WINDOW_S:
@@ -99,22 +99,22 @@ class JobLoad:
 
     job_id: int
     # Elements per second each client would take if it never waited.
-    consumption_rates: Dict[int, float]
+    consumption_rates: dict[int, float]
     # Elements per second of pipeline time, per worker address.
-    worker_throughputs: Dict[str, float]
+    worker_throughputs: dict[str, float]
     # Share of the window the clients waited for data (mean over clients), None if unknown.
-    wait_fraction: Optional[float]
+    wait_fraction: float | None
     # Elements per second the clients received.
     received_rate: float
     # TensorFlow's auto_scaler estimate; None until both clients and workers have reported.
-    recommended_workers: Optional[int]
+    recommended_workers: int | None
     # Totals since the dispatcher started (counters): clients' elements, bytes and wait.
     elements_received: int
     bytes_received: int
     wait_seconds: float
 
 
-def _without_outliers(rates: Iterable[float]) -> List[float]:
+def _without_outliers(rates: Iterable[float]) -> list[float]:
     """TensorFlow's ReplaceOutliers: a rate further than OUTLIER_SIGMAS standard deviations
     from the mean counts as the median."""
     values = list(rates)
@@ -126,7 +126,7 @@ def _without_outliers(rates: Iterable[float]) -> List[float]:
     return [v if abs(v - mean) <= deviation * OUTLIER_SIGMAS else median for v in values]
 
 
-def recommended_workers(consumption_rates: Iterable[float], worker_throughputs: Iterable[float]) -> Optional[int]:
+def recommended_workers(consumption_rates: Iterable[float], worker_throughputs: Iterable[float]) -> int | None:
     """ceil(sum of consumption rates / mean worker throughput), at least 1; None without rates."""
     consumption = _without_outliers(consumption_rates)
     throughputs = _without_outliers(worker_throughputs)
@@ -144,13 +144,13 @@ class LoadTracker:
 
     def __init__(self) -> None:
         # job -> client -> reports; job -> (worker, task) -> reports
-        self._clients: Dict[int, Dict[int, _Series]] = collections.defaultdict(dict)
-        self._tasks: Dict[int, Dict[Tuple[str, int], _Series]] = collections.defaultdict(dict)
-        self._client_job: Dict[int, int] = {}
+        self._clients: dict[int, dict[int, _Series]] = collections.defaultdict(dict)
+        self._tasks: dict[int, dict[tuple[str, int], _Series]] = collections.defaultdict(dict)
+        self._client_job: dict[int, int] = {}
         # job -> [elements, bytes, wait seconds] received by its clients, released ones included.
-        self._totals: Dict[int, List[float]] = collections.defaultdict(lambda: [0, 0, 0.0])
+        self._totals: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0])
         # bucket index -> elements received by all clients in it
-        self._history: Dict[int, int] = {}
+        self._history: dict[int, int] = {}
 
     def report_client(
         self,
@@ -198,7 +198,7 @@ class LoadTracker:
             self._client_job.pop(client_id, None)
         self._tasks.pop(job_id, None)
 
-    def seconds_per_element(self, job_id: int) -> Optional[float]:
+    def seconds_per_element(self, job_id: int) -> float | None:
         """The job's pipeline time per element over what its tasks reported (None before any
         element): new tasks of the job size their chunks by it (worker/chunk_iterator.py)."""
         elements, seconds = 0, 0.0
@@ -210,8 +210,8 @@ class LoadTracker:
         return seconds / elements if elements else None
 
     def load(self, job_id: int, now: float) -> JobLoad:
-        consumption: Dict[int, float] = {}
-        waits: List[float] = []
+        consumption: dict[int, float] = {}
+        waits: list[float] = []
         received = 0.0
         for client_id, series in self._clients.get(job_id, {}).items():
             window = series.window(now)
@@ -222,8 +222,8 @@ class LoadTracker:
             received += elements / seconds
             if elements > 0:
                 consumption[client_id] = elements / max(consume_s, MIN_CONSUME_SHARE * seconds)
-        elements_by_worker: Dict[str, float] = collections.defaultdict(float)
-        seconds_by_worker: Dict[str, float] = collections.defaultdict(float)
+        elements_by_worker: dict[str, float] = collections.defaultdict(float)
+        seconds_by_worker: dict[str, float] = collections.defaultdict(float)
         for (worker, _), series in self._tasks.get(job_id, {}).items():
             window = series.window(now)
             if window is not None and window[2] > 0:
@@ -243,19 +243,19 @@ class LoadTracker:
             wait_seconds=float(wait_total),
         )
 
-    def client_window(self, client_id: int, now: float) -> Optional[Tuple[float, int, float, float]]:
+    def client_window(self, client_id: int, now: float) -> tuple[float, int, float, float] | None:
         job_id = self._client_job.get(client_id)
         series = self._clients.get(job_id, {}).get(client_id) if job_id is not None else None
         return series.window(now) if series is not None else None
 
-    def client_totals(self, client_id: int) -> Tuple[int, float]:
+    def client_totals(self, client_id: int) -> tuple[int, float]:
         """(elements, wait seconds) the client last reported."""
         job_id = self._client_job.get(client_id)
         series = self._clients.get(job_id, {}).get(client_id) if job_id is not None else None
         latest = series.latest if series is not None else None
         return (latest.elements, latest.seconds_a) if latest is not None else (0, 0.0)
 
-    def history(self, now: float) -> List[Tuple[float, float]]:
+    def history(self, now: float) -> list[tuple[float, float]]:
         """(bucket start, elements/s received by all clients) for the last HISTORY_BUCKETS buckets,
         oldest first; the current, partial bucket is left out."""
         current = int(now // HISTORY_BUCKET_S)

@@ -22,7 +22,7 @@ Pure functions of the state; the core commits what they plan.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, List, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from dataservice.dispatcher.state import Task, TaskId
 from dataservice.v1 import common_pb2, journal_pb2
@@ -32,19 +32,19 @@ from dataservice.v1 import common_pb2, journal_pb2
 class PlannedTask:
     worker_address: str
     skip_elements: int = 0
-    replay: List[journal_pb2.SplitRange] = dataclasses.field(default_factory=list)
+    replay: list[journal_pb2.SplitRange] = dataclasses.field(default_factory=list)
 
 
-def positions(tasks: Iterable[Task], consumed: Mapping[int, int]) -> Dict[TaskId, int]:
+def positions(tasks: Iterable[Task], consumed: Mapping[int, int]) -> dict[TaskId, int]:
     """Per task, how far into its pipeline's elements the consumer had gone: the elements the task
     skipped itself (a resumed task) plus those the consumer took from its stream."""
     return {t.task_id: t.skip_elements + consumed.get(t.task_id, 0) for t in tasks}
 
 
-def ranges_to_replay(task: Task) -> List[journal_pb2.SplitRange]:
+def ranges_to_replay(task: Task) -> list[journal_pb2.SplitRange]:
     """The ranges `task` received, in order per (group, repetition), followed by those it had
     still to replay: the input of its element stream."""
-    out: List[journal_pb2.SplitRange] = []
+    out: list[journal_pb2.SplitRange] = []
     keys = sorted({key[:2] for key in task.received} | set(task.replay))
     for group, repetition in keys:
         received = sorted((i, r) for (g, rep, i), r in task.received.items() if (g, rep) == (group, repetition))
@@ -59,11 +59,11 @@ def plan_tasks(
     saved_tasks: Sequence[Task],
     saved_positions: Mapping[int, int],
     alive_workers: Sequence[str],
-) -> List[PlannedTask]:
+) -> list[PlannedTask]:
     """The tasks of the resumed iteration. Lost saved tasks are replayed too: what their stream
     delivered before the loss is skipped, what it had not delivered comes now."""
     workers = sorted(alive_workers)
-    planned: List[PlannedTask] = []
+    planned: list[PlannedTask] = []
     if sharding_policy == common_pb2.SHARDING_POLICY_DYNAMIC:
         replaying = [t for t in saved_tasks if t.received or t.replay or saved_positions[t.task_id]]
         for i, task in enumerate(replaying):

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
+from collections.abc import Callable, Iterable
 
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import snapshot_pb2
@@ -29,7 +29,7 @@ from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
 
 log = logging.getLogger(__name__)
 
-ChunkKey = Tuple[str, int]  # (snapshot path, chunk index)
+ChunkKey = tuple[str, int]  # (snapshot path, chunk index)
 
 
 @dataclasses.dataclass
@@ -38,16 +38,16 @@ class ChunkAssignments:
     writes chunks of at once (one chunk each); 0: no limit."""
 
     max_snapshots_per_worker: int = 0
-    _writer: Dict[ChunkKey, str] = dataclasses.field(default_factory=dict)
-    _by_worker: Dict[str, Set[ChunkKey]] = dataclasses.field(default_factory=dict)
+    _writer: dict[ChunkKey, str] = dataclasses.field(default_factory=dict)
+    _by_worker: dict[str, set[ChunkKey]] = dataclasses.field(default_factory=dict)
     # Per snapshot, an index below which every chunk is committed or being written: hand-outs
     # (every heartbeat) scan from it, not from 0; a released chunk lowers it.
-    _scan_from: Dict[str, int] = dataclasses.field(default_factory=dict)
+    _scan_from: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def of_worker(self, worker: str) -> Set[ChunkKey]:
+    def of_worker(self, worker: str) -> set[ChunkKey]:
         return set(self._by_worker.get(worker, ()))
 
-    def writer(self, key: ChunkKey) -> Optional[str]:
+    def writer(self, key: ChunkKey) -> str | None:
         return self._writer.get(key)
 
     def assign(self, key: ChunkKey, worker: str) -> None:
@@ -72,7 +72,7 @@ class ChunkAssignments:
         if index < self._scan_from.get(path, 0):
             self._scan_from[path] = index
 
-    def adopt(self, worker: str, reported: Iterable[ChunkKey], snapshots: Dict[str, Snapshot]) -> List[ChunkKey]:
+    def adopt(self, worker: str, reported: Iterable[ChunkKey], snapshots: dict[str, Snapshot]) -> list[ChunkKey]:
         """Takes in the chunks a worker reports writing (after a restart, the dispatcher does not
         know them); returns those it should drop: committed, of a finished or unknown
         snapshot, or being written by another worker."""
@@ -86,7 +86,7 @@ class ChunkAssignments:
                 self.assign(key, worker)
         return drop
 
-    def hand_out(self, worker: str, snapshots: Iterable[Snapshot]) -> List[ChunkKey]:
+    def hand_out(self, worker: str, snapshots: Iterable[Snapshot]) -> list[ChunkKey]:
         """New chunks for `worker`: one of each unfinished snapshot it writes no chunk of, the
         oldest snapshots first, up to max_snapshots_per_worker snapshots."""
         held = {path for path, _ in self._by_worker.get(worker, ())}
@@ -104,7 +104,7 @@ class ChunkAssignments:
                 new.append((snapshot.path, index))
         return new
 
-    def _next_unwritten(self, snapshot: Snapshot) -> Optional[int]:
+    def _next_unwritten(self, snapshot: Snapshot) -> int | None:
         index = self._scan_from.get(snapshot.path, 0)
         while index < snapshot.num_chunks and (index in snapshot.committed or (snapshot.path, index) in self._writer):
             index += 1
@@ -264,7 +264,7 @@ class SnapshotCoordinator:
 
     def heartbeat(
         self, worker: str, reported: Iterable[dispatcher_pb2.SnapshotChunkRef]
-    ) -> Tuple[List[common_pb2.SnapshotChunkDef], List[dispatcher_pb2.SnapshotChunkRef]]:
+    ) -> tuple[list[common_pb2.SnapshotChunkDef], list[dispatcher_pb2.SnapshotChunkRef]]:
         """(chunks to start, chunks to drop) for a worker's heartbeat. Lock held."""
         reported_keys = {(ref.path, ref.chunk_index) for ref in reported}
         snapshots = {s.path: s for s in self._state.snapshots()}
@@ -276,7 +276,7 @@ class SnapshotCoordinator:
             [dispatcher_pb2.SnapshotChunkRef(path=path, chunk_index=index) for path, index in drop],
         )
 
-    def status(self) -> List[Dict]:
+    def status(self) -> list[dict]:
         """The snapshots for the status document. Lock held."""
         return [
             {

@@ -13,7 +13,8 @@ invariants that every sequence of updates the dispatcher journals keeps.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NewType, Optional, Set, Tuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NewType
 
 from dataservice.v1 import common_pb2, journal_pb2
 
@@ -26,7 +27,7 @@ TaskId = NewType("TaskId", int)
 # A client's membership of one iteration (TensorFlow's iteration client id).
 ClientId = NewType("ClientId", int)
 # distributed_epoch: (task, split group, repetition, range index) of a range handed out.
-SplitKey = Tuple[TaskId, int, int, int]
+SplitKey = tuple[TaskId, int, int, int]
 
 
 class StateInvariantError(AssertionError):
@@ -48,7 +49,7 @@ class Worker:
     alive: bool = True
     # The worker process's random id (0: not known); another one at the same address is a restart.
     uid: int = 0
-    tags: List[str] = dataclasses.field(default_factory=list)
+    tags: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -60,11 +61,11 @@ class Job:
     num_consumers: int
     target_workers: int
     # distributed_epoch: splits in each split group of the pipeline.
-    split_group_sizes: List[int] = dataclasses.field(default_factory=list)
+    split_group_sizes: list[int] = dataclasses.field(default_factory=list)
     # Trainers share the job's elements through the workers' cross-trainer caches.
     use_cross_trainer_cache: bool = False
     # repetition -> iteration id
-    iterations: Dict[int, IterationId] = dataclasses.field(default_factory=dict)
+    iterations: dict[int, IterationId] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -72,16 +73,16 @@ class Iteration:
     iteration_id: IterationId
     job_id: JobId
     repetition: int
-    task_ids: List[TaskId] = dataclasses.field(default_factory=list)
-    client_ids: Set[ClientId] = dataclasses.field(default_factory=set)
+    task_ids: list[TaskId] = dataclasses.field(default_factory=list)
+    client_ids: set[ClientId] = dataclasses.field(default_factory=set)
     # Every task finished, or the iteration was ended early.
     finished: bool = False
     # distributed_epoch: split group -> (repetition, next split index to hand out).
-    split_positions: Dict[int, Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    split_positions: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
     # Ranges handed to a task but not started: (task, group, repetition, index) -> (begin, end).
-    outstanding_splits: Dict[SplitKey, Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    outstanding_splits: dict[SplitKey, tuple[int, int]] = dataclasses.field(default_factory=dict)
     # Ranges of lost workers, to hand out again: (group, repetition) -> [(begin, end)].
-    returned_splits: Dict[Tuple[int, int], List[Tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    returned_splits: dict[tuple[int, int], list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
     # Coordinated reads: clients may read the rounds below this.
     round_limit: int = 0
     # A restored iterator's iteration: the iteration it continues (0: none).
@@ -106,10 +107,10 @@ class Task:
     skip_elements: int = 0
     # distributed_epoch, a resumed iteration's task: (group, repetition) -> the ranges it is
     # handed again, in order, before new ones.
-    replay: Dict[Tuple[int, int], List[Tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    replay: dict[tuple[int, int], list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
     # distributed_epoch: the ranges it received and kept, (group, repetition, index) -> (begin, end);
     # a restored iterator's new task replays them.
-    received: Dict[Tuple[int, int, int], Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    received: dict[tuple[int, int, int], tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -119,10 +120,10 @@ class Snapshot:
     path: str
     dataset_id: DatasetId
     compression: str
-    group_sizes: List[int]
+    group_sizes: list[int]
     num_chunks: int
     # chunk index -> (elements, the worker's file it was renamed from)
-    committed: Dict[int, Tuple[int, str]] = dataclasses.field(default_factory=dict)
+    committed: dict[int, tuple[int, str]] = dataclasses.field(default_factory=dict)
     finished: bool = False
     # A failed save: the pipeline's status code and message (0: none).
     error_code: int = 0
@@ -137,21 +138,21 @@ class DispatcherState:
     """Datasets, workers, jobs, iterations, tasks, iteration clients and distributed_save snapshots."""
 
     def __init__(self) -> None:
-        self._datasets: Dict[DatasetId, Dataset] = {}
-        self._dataset_by_fingerprint: Dict[str, DatasetId] = {}
-        self._workers: Dict[WorkerAddress, Worker] = {}
-        self._jobs: Dict[JobId, Job] = {}
-        self._job_by_name: Dict[str, JobId] = {}
-        self._iterations: Dict[IterationId, Iteration] = {}
-        self._tasks: Dict[TaskId, Task] = {}
-        self._tasks_by_worker: Dict[WorkerAddress, List[TaskId]] = {}
-        self._iteration_clients: Dict[ClientId, IterationId] = {}
+        self._datasets: dict[DatasetId, Dataset] = {}
+        self._dataset_by_fingerprint: dict[str, DatasetId] = {}
+        self._workers: dict[WorkerAddress, Worker] = {}
+        self._jobs: dict[JobId, Job] = {}
+        self._job_by_name: dict[str, JobId] = {}
+        self._iterations: dict[IterationId, Iteration] = {}
+        self._tasks: dict[TaskId, Task] = {}
+        self._tasks_by_worker: dict[WorkerAddress, list[TaskId]] = {}
+        self._iteration_clients: dict[ClientId, IterationId] = {}
         # path -> snapshot, in the order they started
-        self._snapshots: Dict[str, Snapshot] = {}
+        self._snapshots: dict[str, Snapshot] = {}
         self._next_ids = {"dataset": 1, "job": 1, "iteration": 1, "task": 1, "client": 1}
 
     @classmethod
-    def replay(cls, updates: Iterable[journal_pb2.Update]) -> "DispatcherState":
+    def replay(cls, updates: Iterable[journal_pb2.Update]) -> DispatcherState:
         """The state that applying `updates` in order to an empty one gives (recovery, snapshots)."""
         state = cls()
         for update in updates:
@@ -319,10 +320,10 @@ class DispatcherState:
 
     # ---- snapshots ---------------------------------------------------------
 
-    def to_updates(self) -> List[journal_pb2.Update]:
+    def to_updates(self) -> list[journal_pb2.Update]:
         """Updates that, applied to an empty state, rebuild this one (a journal snapshot)."""
         U = journal_pb2.Update
-        out: List[journal_pb2.Update] = []
+        out: list[journal_pb2.Update] = []
         for d in self._datasets.values():
             out.append(
                 U(
@@ -533,57 +534,57 @@ class DispatcherState:
             candidate += 1
         return DatasetId(str(candidate))
 
-    def dataset(self, dataset_id: str) -> Optional[Dataset]:
+    def dataset(self, dataset_id: str) -> Dataset | None:
         return self._datasets.get(DatasetId(dataset_id))
 
-    def dataset_with_fingerprint(self, fingerprint: str) -> Optional[DatasetId]:
+    def dataset_with_fingerprint(self, fingerprint: str) -> DatasetId | None:
         """The first dataset registered with this fingerprint (the same pipeline gets the same id)."""
         return self._dataset_by_fingerprint.get(fingerprint)
 
-    def datasets(self) -> List[Dataset]:
+    def datasets(self) -> list[Dataset]:
         return list(self._datasets.values())
 
-    def snapshot(self, path: str) -> Optional[Snapshot]:
+    def snapshot(self, path: str) -> Snapshot | None:
         return self._snapshots.get(path)
 
-    def snapshots(self) -> List[Snapshot]:
+    def snapshots(self) -> list[Snapshot]:
         """Every distributed_save, in the order they started."""
         return list(self._snapshots.values())
 
-    def worker(self, address: str) -> Optional[Worker]:
+    def worker(self, address: str) -> Worker | None:
         return self._workers.get(WorkerAddress(address))
 
-    def workers(self) -> List[Worker]:
+    def workers(self) -> list[Worker]:
         """Every worker ever registered, alive or not, in registration order."""
         return list(self._workers.values())
 
-    def alive_workers(self) -> List[WorkerAddress]:
+    def alive_workers(self) -> list[WorkerAddress]:
         return sorted(a for a, w in self._workers.items() if w.alive)
 
-    def job(self, job_id: int) -> Optional[Job]:
+    def job(self, job_id: int) -> Job | None:
         return self._jobs.get(JobId(job_id))
 
-    def jobs(self) -> List[Job]:
+    def jobs(self) -> list[Job]:
         return list(self._jobs.values())
 
-    def job_named(self, job_name: str) -> Optional[Job]:
+    def job_named(self, job_name: str) -> Job | None:
         job_id = self._job_by_name.get(job_name)
         return None if job_id is None else self._jobs[job_id]
 
-    def iteration(self, iteration_id: int) -> Optional[Iteration]:
+    def iteration(self, iteration_id: int) -> Iteration | None:
         return self._iterations.get(IterationId(iteration_id))
 
     def job_of(self, iteration: Iteration) -> Job:
         return self._jobs[iteration.job_id]
 
-    def task(self, task_id: int) -> Optional[Task]:
+    def task(self, task_id: int) -> Task | None:
         return self._tasks.get(TaskId(task_id))
 
-    def client_ids(self) -> List[ClientId]:
+    def client_ids(self) -> list[ClientId]:
         """The iteration clients that hold an iteration now."""
         return sorted(self._iteration_clients)
 
-    def iteration_of_client(self, iteration_client_id: int) -> Optional[Iteration]:
+    def iteration_of_client(self, iteration_client_id: int) -> Iteration | None:
         iteration_id = self._iteration_clients.get(ClientId(iteration_client_id))
         return None if iteration_id is None else self._iterations[iteration_id]
 
@@ -596,11 +597,11 @@ class DispatcherState:
             self._tasks[t].worker_address == worker_address and not self._tasks[t].lost for t in iteration.task_ids
         )
 
-    def lost_tasks_of(self, worker_address: str) -> List[TaskId]:
+    def lost_tasks_of(self, worker_address: str) -> list[TaskId]:
         """The worker's tasks that a RemoveWorker would lose now."""
         return [t for t in self._tasks_by_worker.get(WorkerAddress(worker_address), []) if not self._tasks[t].finished]
 
-    def active_tasks_of_worker(self, worker_address: str) -> List[Task]:
+    def active_tasks_of_worker(self, worker_address: str) -> list[Task]:
         """Tasks the worker should be running: not finished, in an unfinished iteration."""
         return [
             self._tasks[t]
@@ -608,7 +609,7 @@ class DispatcherState:
             if not self._tasks[t].finished and not self._iterations[self._tasks[t].iteration_id].finished
         ]
 
-    def task_def(self, task: Task, worker_addresses: Tuple[str, ...] = ()) -> common_pb2.TaskDef:
+    def task_def(self, task: Task, worker_addresses: tuple[str, ...] = ()) -> common_pb2.TaskDef:
         """The task as a worker needs it; `worker_addresses` (static sharding) gives its shard index."""
         iteration = self._iterations[task.iteration_id]
         job = self._jobs[iteration.job_id]
@@ -629,20 +630,20 @@ class DispatcherState:
             use_cross_trainer_cache=job.use_cross_trainer_cache,
         )
 
-    def tasks_of(self, iteration: Iteration) -> List[Task]:
+    def tasks_of(self, iteration: Iteration) -> list[Task]:
         return [self._tasks[t] for t in iteration.task_ids]
 
-    def split_position(self, iteration: Iteration, group: int) -> Tuple[int, int]:
+    def split_position(self, iteration: Iteration, group: int) -> tuple[int, int]:
         """distributed_epoch: (repetition, next split index) that the group hands out next."""
         return iteration.split_positions.get(group, (0, 0))
 
     def unfinished_task_count(self, iteration: Iteration) -> int:
         return iteration.unfinished_tasks
 
-    def task_infos(self, iteration: Iteration) -> List[Tuple[Task, Worker]]:
+    def task_infos(self, iteration: Iteration) -> list[tuple[Task, Worker]]:
         return [(self._tasks[t], self._workers[self._tasks[t].worker_address]) for t in iteration.task_ids]
 
-    def summary(self) -> Dict[str, int]:
+    def summary(self) -> dict[str, int]:
         """Counts of what the state holds, for operators and tests."""
         return {
             "datasets": len(self._datasets),
@@ -801,7 +802,7 @@ class DispatcherState:
 
 
 # apply()'s table: one handler per case of the Update oneof.
-_APPLY: Dict[str, Callable[[DispatcherState, Any], None]] = {
+_APPLY: dict[str, Callable[[DispatcherState, Any], None]] = {
     "register_dataset": DispatcherState._apply_register_dataset,
     "register_worker": DispatcherState._apply_register_worker,
     "create_job": DispatcherState._apply_create_job,
@@ -823,6 +824,6 @@ _APPLY: Dict[str, Callable[[DispatcherState, Any], None]] = {
 }
 
 
-def update_kinds() -> List[str]:
+def update_kinds() -> list[str]:
     """The cases of the Update oneof, as journal.proto declares them."""
     return [field.name for field in journal_pb2.Update.DESCRIPTOR.oneofs_by_name["kind"].fields]

@@ -8,7 +8,8 @@ are seconds ago, not clock readings, so a reader on another host needs no common
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from dataservice.dispatcher.load import HISTORY_BUCKET_S, LoadTracker
 from dataservice.dispatcher.state import DispatcherState, Iteration, Job
@@ -31,16 +32,16 @@ TARGET_WORKERS = {v: k.removeprefix("TARGET_WORKERS_") for k, v in common_pb2.Ta
 class DispatcherInfo:
     address: str
     fault_tolerant_mode: bool
-    work_dir: Optional[str]
+    work_dir: str | None
     uptime_s: float
     journal_appends: int
 
 
-def _round(value: Optional[float], digits: int = 3) -> Optional[float]:
+def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _splits(state: DispatcherState, job: Job, iteration: Iteration) -> Optional[Dict[str, int]]:
+def _splits(state: DispatcherState, job: Job, iteration: Iteration) -> dict[str, int] | None:
     """distributed_epoch: splits handed out in the current repetition of each split group, and in all."""
     if job.sharding_policy != common_pb2.SHARDING_POLICY_DYNAMIC:
         return None
@@ -61,9 +62,9 @@ def build(
     worker_seen: Mapping[str, float],
     client_seen: Mapping[int, float],
     now: float,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """The status document of `state` and `load` at time `now` (of the clock that `*_seen` read)."""
-    active_tasks: Dict[str, int] = {}
+    active_tasks: dict[str, int] = {}
     for worker in state.workers():
         active_tasks[worker.address] = len(state.active_tasks_of_worker(worker.address))
     workers = [
@@ -84,8 +85,8 @@ def build(
         }
         for d in state.datasets()
     ]
-    jobs: List[Dict[str, Any]] = []
-    clients: List[Dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    clients: list[dict[str, Any]] = []
     for job in state.jobs():
         job_load = load.load(job.job_id, now)
         iterations = []

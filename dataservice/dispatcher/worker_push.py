@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from typing import Dict, Optional
 
 import grpc
 
@@ -26,12 +25,12 @@ PUSH_THREADS = 4
 class GrpcWorkerNotifier:
     """core.WorkerNotifier over gRPC: ProcessTask and PrepareDataset calls to the workers."""
 
-    def __init__(self, auth_token: Optional[str] = None, tls: Optional[TlsFiles] = None) -> None:
+    def __init__(self, auth_token: str | None = None, tls: TlsFiles | None = None) -> None:
         self._auth_token = auth_token
         self._tls = tls
         self._lock = threading.Lock()
-        self._stubs: Dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
-        self._channels: Dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
+        self._channels: dict[str, grpc.Channel] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=PUSH_THREADS, thread_name_prefix="task-push")
 
     def process_task(self, worker_address: str, task: common_pb2.TaskDef) -> None:

@@ -13,7 +13,7 @@ which TLS clusters probe instead.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc

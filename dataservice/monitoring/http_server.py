@@ -11,8 +11,9 @@ import http.server
 import json
 import logging
 import threading
+from collections.abc import Callable
 from importlib import resources
-from typing import Any, Callable, Dict, Optional
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -20,7 +21,7 @@ from dataservice.monitoring.health import HealthReporter
 
 log = logging.getLogger(__name__)
 
-StatusFn = Callable[[], Dict[str, Any]]
+StatusFn = Callable[[], dict[str, Any]]
 
 
 def status_page_html() -> bytes:
@@ -36,16 +37,16 @@ class MonitoringServer:
         self,
         port: int,
         registry: CollectorRegistry,
-        status: Optional[StatusFn] = None,
+        status: StatusFn | None = None,
         role: str = "",
-        health: Optional[HealthReporter] = None,
+        health: HealthReporter | None = None,
     ):
         page = status_page_html() if status is not None else None
 
         class Handler(http.server.BaseHTTPRequestHandler):
             server_version = "dataservice"
 
-            def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
@@ -62,7 +63,7 @@ class MonitoringServer:
                         self._send(200, "text/plain; charset=utf-8", f"dataservice {role}: see /metrics\n".encode())
                     else:
                         self._send(404, "text/plain; charset=utf-8", f"no page {path}\n".encode())
-                except Exception as e:  # noqa: BLE001 - a failed page must not stop the server
+                except Exception as e:
                     log.exception("monitoring request %s failed", path)
                     self._send(500, "text/plain; charset=utf-8", f"{type(e).__name__}: {e}\n".encode())
 
@@ -74,7 +75,7 @@ class MonitoringServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
+            def log_message(self, format: str, *args: Any) -> None:
                 log.debug("monitoring: " + format, *args)
 
         self._httpd = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from typing import Any, Dict
+from typing import Any
 
 # The record attribute that holds the ids.
 _IDS = "dataservice_ids"
@@ -18,12 +18,12 @@ ID_KEYS = ("dataset_id", "job_id", "job_name", "iteration_id", "task_id", "clien
 FORMATS = ("text", "json")
 
 
-def ids(**fields: Any) -> Dict[str, Dict[str, Any]]:
+def ids(**fields: Any) -> dict[str, dict[str, Any]]:
     """The `extra=` argument that attaches ids to a log record (None values are left out)."""
     return {_IDS: {k: v for k, v in fields.items() if v is not None and v != ""}}
 
 
-def _ids_of(record: logging.LogRecord) -> Dict[str, Any]:
+def _ids_of(record: logging.LogRecord) -> dict[str, Any]:
     return getattr(record, _IDS, None) or {}
 
 
@@ -47,7 +47,7 @@ class JsonFormatter(logging.Formatter):
     the exception's traceback if there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry: Dict[str, Any] = {
+        entry: dict[str, Any] = {
             "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
                 timespec="milliseconds"
             ),

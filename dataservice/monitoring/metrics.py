@@ -11,7 +11,8 @@ happens. Names start with `dataservice_`, carry their unit, and counters end in 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -116,14 +117,14 @@ class JournalMetrics:
         self._snapshot.observe(seconds)
 
 
-def _gauge(name: str, doc: str, value: Optional[float] = None, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+def _gauge(name: str, doc: str, value: float | None = None, labels: Iterable[str] = ()) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value, labels=None if value is not None else list(labels))
 
 
 class DispatcherCollector:
     """The dispatcher's state and its jobs' load, read from its status document at each scrape."""
 
-    def __init__(self, status: Callable[[], Dict[str, Any]]):
+    def __init__(self, status: Callable[[], dict[str, Any]]):
         self._status = status
 
     def collect(self) -> Iterator[Metric]:
@@ -153,7 +154,7 @@ class DispatcherCollector:
         yield from self._job_metrics(doc)
 
     @staticmethod
-    def _iteration_metrics(doc: Dict[str, Any]) -> Iterator[Metric]:
+    def _iteration_metrics(doc: dict[str, Any]) -> Iterator[Metric]:
         labels = ["job_id", "job_name", "iteration_id"]
         handed = _gauge(
             "dataservice_iteration_splits_handed_out",
@@ -173,9 +174,9 @@ class DispatcherCollector:
         yield total
 
     @staticmethod
-    def _job_metrics(doc: Dict[str, Any]) -> Iterator[Metric]:
+    def _job_metrics(doc: dict[str, Any]) -> Iterator[Metric]:
         labels = ["job_id", "job_name"]
-        families: List[Tuple[str, str, str, bool]] = [
+        families: list[tuple[str, str, str, bool]] = [
             # (document key, metric name, help, counter?)
             ("workers", "dataservice_job_workers", "Workers with an active task of the job", False),
             (
@@ -250,7 +251,7 @@ class DispatcherCollector:
 class WorkerCollector:
     """A worker's tasks, production and transfers, read at each scrape."""
 
-    def __init__(self, read: Callable[[], Dict[str, Any]]):
+    def __init__(self, read: Callable[[], dict[str, Any]]):
         """`read` returns {"running_tasks", "buffered_elements", "buffered_bytes",
         "buffer_capacity_bytes", "produced": {dataset: (elements, bytes, seconds)},
         "sent": {protocol: (elements, bytes)}, "open_streams": {protocol: n},

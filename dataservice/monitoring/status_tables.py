@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
-Column = Tuple[str, Callable[[Dict[str, Any]], Any]]
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
 
 
 def _text(value: Any) -> str:
@@ -19,11 +20,11 @@ def _percent(value: Any) -> str:
     return "-" if value is None else f"{value * 100:.0f}%"
 
 
-def table(title: str, columns: Sequence[Column], rows: Sequence[Dict[str, Any]]) -> str:
+def table(title: str, columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
     """A titled table with aligned columns; "(none)" when there are no rows."""
     if not rows:
         return f"{title}\n  (none)\n"
-    cells: List[List[str]] = [[name for name, _ in columns]]
+    cells: list[list[str]] = [[name for name, _ in columns]]
     cells += [[_text(value(row)) for _, value in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
@@ -39,7 +40,7 @@ def _progress(splits: Any) -> str:
     return "[" + "#" * filled + "." * (20 - filled) + f"] {splits['handed_out']}/{splits['total']}"
 
 
-def render(doc: Dict[str, Any]) -> str:
+def render(doc: dict[str, Any]) -> str:
     d = doc["dispatcher"]
     mode = f"fault tolerant, journal in {d['work_dir']}" if d["fault_tolerant_mode"] else "not fault tolerant"
     parts = [f"dispatcher {d['address']}: up {d['uptime_s']:.0f} s, {mode}\n"]

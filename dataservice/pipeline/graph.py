@@ -8,7 +8,8 @@ beside it as a StructuredValue proto.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Dict, Iterator, Optional, Tuple
+from collections.abc import Iterator
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from dataservice import tf_internal
 
 # (pattern over op names, what such an op does)
-RULES: Tuple[Tuple[str, str], ...] = (
+RULES: tuple[tuple[str, str], ...] = (
     (r"^(WriteFile|Save|SaveV\d+|SaveSlices|MergeV\d+Checkpoints)$", "writes or replaces files"),
     (r"^(Experimental)?DatasetToTFRecord$", "writes a TFRecord file"),
     (r"^(SaveDataset(V\d+)?|DistributedSave|SnapshotDataset(V\d+)?)$", "writes a dataset to disk"),
@@ -42,7 +42,7 @@ _PRINT_TO_FILE = "file://"
 class UnsafeDatasetError(ValueError):
     """The pipeline contains an op the policy refuses; the message names it and where it is."""
 
-    def __init__(self, op: str, node: str, function: Optional[str], reason: str):
+    def __init__(self, op: str, node: str, function: str | None, reason: str):
         where = (
             f"in function {function!r} (a map, filter, interleave or other function)" if function else "in the graph"
         )
@@ -57,10 +57,10 @@ class UnsafeDatasetError(ValueError):
 
 
 @functools.lru_cache(maxsize=1)
-def unsafe_ops() -> Dict[str, str]:
+def unsafe_ops() -> dict[str, str]:
     """Every registered op the policy refuses, with what it does."""
     rules = [(re.compile(pattern), reason) for pattern, reason in RULES]
-    refused: Dict[str, str] = {}
+    refused: dict[str, str] = {}
     for name in tf_internal.registered_op_names():
         for pattern, reason in rules:
             if pattern.search(name):
@@ -69,7 +69,7 @@ def unsafe_ops() -> Dict[str, str]:
     return refused
 
 
-def _nodes(graph: graph_pb2.GraphDef) -> Iterator[Tuple[node_def_pb2.NodeDef, Optional[str]]]:
+def _nodes(graph: graph_pb2.GraphDef) -> Iterator[tuple[node_def_pb2.NodeDef, str | None]]:
     for node in graph.node:
         yield node, None
     for function in graph.library.function:

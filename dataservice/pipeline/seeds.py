@@ -21,7 +21,7 @@ rewritten.
 
 from __future__ import annotations
 
-from typing import Dict, NamedTuple
+from typing import NamedTuple
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
@@ -33,7 +33,7 @@ class _SeededOp(NamedTuple):
     reseed_attr: str  # the attr that says whether each iteration draws new seeds
 
 
-SEEDED_OPS: Dict[str, _SeededOp] = {
+SEEDED_OPS: dict[str, _SeededOp] = {
     "ShuffleDatasetV3": _SeededOp(2, 3, 4, "reshuffle_each_iteration"),
     "ShuffleAndRepeatDatasetV2": _SeededOp(2, 3, 5, "reshuffle_each_iteration"),
     "RandomDatasetV2": _SeededOp(0, 1, 2, "rerandomize_each_iteration"),
@@ -85,7 +85,7 @@ def reseed(graph_bytes: bytes, instance: str, repetition: int) -> bytes:
     return graph.SerializeToString()
 
 
-def _int_const(node) -> "int | None":
+def _int_const(node) -> int | None:
     if node is None or node.op != "Const":
         return None
     tensor = node.attr["value"].tensor

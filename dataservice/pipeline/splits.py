@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Dict, List, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -60,13 +60,13 @@ def _const_value(node: node_def_pb2.NodeDef) -> np.ndarray:
     return tf.io.parse_tensor(tensor.SerializeToString(), out_type=tf.as_dtype(tensor.dtype)).numpy()
 
 
-def find_sources(graph: graph_pb2.GraphDef) -> List[Source]:
+def find_sources(graph: graph_pb2.GraphDef) -> list[Source]:
     """The splittable sources of the pipeline, grouped; UnsplittableDatasetError if any source is not."""
     nodes = {node.name: node for node in graph.node}
     retvals = [n for n in graph.node if n.op == "_Retval"]
     if not retvals:
         raise UnsplittableDatasetError("the dataset graph has no '_Retval' node")
-    parent: Dict[str, str] = {}
+    parent: dict[str, str] = {}
 
     def find(name: str) -> str:
         while parent.get(name, name) != name:
@@ -76,10 +76,10 @@ def find_sources(graph: graph_pb2.GraphDef) -> List[Source]:
     def union(a: str, b: str) -> None:
         parent[find(a)] = find(b)
 
-    sources: List[str] = []
-    sources_below: Dict[str, List[str]] = {}
+    sources: list[str] = []
+    sources_below: dict[str, list[str]] = {}
 
-    def visit(name: str) -> List[str]:
+    def visit(name: str) -> list[str]:
         if name in sources_below:
             return sources_below[name]
         node = nodes[name]
@@ -107,7 +107,7 @@ def find_sources(graph: graph_pb2.GraphDef) -> List[Source]:
         return found
 
     visit(_node_name(retvals[0].input[0]))
-    group_ids: Dict[str, int] = {}
+    group_ids: dict[str, int] = {}
     result = []
     for name in sources:
         node = nodes[name]
@@ -150,9 +150,9 @@ def _cardinality(op: str, inputs: Sequence[np.ndarray]) -> int:
     return 1  # TensorDataset: the one element is one split
 
 
-def group_sizes(sources: Sequence[Source]) -> List[int]:
+def group_sizes(sources: Sequence[Source]) -> list[int]:
     """Splits per group: a zip ends with its shortest input."""
-    sizes: Dict[int, int] = {}
+    sizes: dict[int, int] = {}
     for s in sources:
         sizes[s.group] = min(sizes.get(s.group, s.cardinality), s.cardinality)
     return [sizes[g] for g in range(len(sizes))]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple, Union
 
 from dataservice.rpc import tls as tls_lib
 
@@ -15,13 +14,13 @@ class Target:
     cluster is addressed with "grpc+tls" (None: plaintext)."""
 
     address: str
-    tls: Optional[tls_lib.TlsFiles] = None
+    tls: tls_lib.TlsFiles | None = None
 
     def __str__(self) -> str:
         return f"{tls_lib.TLS if self.tls else tls_lib.PLAINTEXT}://{self.address}"
 
 
-def split_protocol(address: str) -> Tuple[str, str]:
+def split_protocol(address: str) -> tuple[str, str]:
     """("grpc" or "grpc+tls", "host:port") of an address; no protocol means "grpc". Other
     protocols, and addresses that are not host:port, are a ValueError."""
     protocol = tls_lib.PLAINTEXT
@@ -41,7 +40,7 @@ def strip_protocol(address: str) -> str:
     return split_protocol(address)[1]
 
 
-def parse_service(service: Union[str, Tuple[str, str]]) -> Target:
+def parse_service(service: str | tuple[str, str]) -> Target:
     """The dispatcher of a `service` argument: "grpc[+tls]://host:port" or (protocol, address).
     With "grpc+tls" the client's TLS files come from the environment (rpc/tls.py)."""
     if isinstance(service, (tuple, list)) and len(service) == 2:

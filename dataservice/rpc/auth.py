@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import grpc
 
@@ -44,7 +44,7 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def client_token() -> Optional[str]:
+def client_token() -> str | None:
     """This process's token as a client: DATASERVICE_AUTH_TOKEN, else the file that
     DATASERVICE_AUTH_TOKEN_FILE names, else None."""
     token = os.environ.get(TOKEN_ENV, "").strip()
@@ -54,12 +54,12 @@ def client_token() -> Optional[str]:
     return read_token_file(path) if path else None
 
 
-def matches(provided: Optional[str], expected: str) -> bool:
+def matches(provided: str | None, expected: str) -> bool:
     """Whether `provided` is the token, in time that does not depend on where they differ."""
     return hmac.compare_digest((provided or "").encode(), expected.encode())
 
 
-def _missing_or_wrong(provided: Optional[str], server: str) -> str:
+def _missing_or_wrong(provided: str | None, server: str) -> str:
     if not provided:
         return (
             f"{server} requires an auth token and none was sent: set {TOKEN_ENV} or {TOKEN_FILE_ENV} "
@@ -68,7 +68,7 @@ def _missing_or_wrong(provided: Optional[str], server: str) -> str:
     return f"the auth token sent to {server} is wrong: check {TOKEN_ENV} or {TOKEN_FILE_ENV}"
 
 
-def failure(provided: Optional[str], expected: Optional[str], server: str) -> Optional[str]:
+def failure(provided: str | None, expected: str | None, server: str) -> str | None:
     """None if `provided` is acceptable (or no token is required), else the message to answer with."""
     if expected is None or matches(provided, expected):
         return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from typing import Dict, Iterator, Optional, Tuple
+from collections.abc import Iterator
 
 import grpc
 
@@ -34,10 +34,10 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 MAX_IDLE = 64
-_Key = Tuple[str, Optional[TlsFiles]]
+_Key = tuple[str, TlsFiles | None]
 
 
-def make_channel(address: str, auth_token: Optional[str] = None, tls: Optional[TlsFiles] = None) -> grpc.Channel:
+def make_channel(address: str, auth_token: str | None = None, tls: TlsFiles | None = None) -> grpc.Channel:
     """A channel to `address`, over TLS with `tls`; with `auth_token`, every call on it carries the token."""
     if tls is not None:
         channel = grpc.secure_channel(address, tls.channel_credentials(), options=CHANNEL_OPTIONS)
@@ -52,12 +52,12 @@ class SharedChannels:
     def __init__(self, max_idle: int = MAX_IDLE):
         self._max_idle = max_idle
         self._lock = threading.Lock()
-        self._channels: Dict[_Key, grpc.Channel] = {}
-        self._users: Dict[_Key, int] = collections.Counter()
+        self._channels: dict[_Key, grpc.Channel] = {}
+        self._users: dict[_Key, int] = collections.Counter()
         # Channels nobody holds, oldest release first.
-        self._idle: "collections.OrderedDict[_Key, None]" = collections.OrderedDict()
+        self._idle: collections.OrderedDict[_Key, None] = collections.OrderedDict()
 
-    def acquire(self, address: str, tls: Optional[TlsFiles] = None) -> grpc.Channel:
+    def acquire(self, address: str, tls: TlsFiles | None = None) -> grpc.Channel:
         """The channel to `address` (over TLS with `tls`; carrying this process's client token,
         if it has one: see rpc/auth.py); give it back with release(address, tls)."""
         key = (address, tls)
@@ -69,7 +69,7 @@ class SharedChannels:
             self._idle.pop(key, None)
             return channel
 
-    def release(self, address: str, tls: Optional[TlsFiles] = None) -> None:
+    def release(self, address: str, tls: TlsFiles | None = None) -> None:
         key = (address, tls)
         with self._lock:
             self._users[key] -= 1
@@ -82,7 +82,7 @@ class SharedChannels:
                 self._channels.pop(oldest).close()
 
     @contextlib.contextmanager
-    def holding(self, address: str, tls: Optional[TlsFiles] = None) -> Iterator[grpc.Channel]:
+    def holding(self, address: str, tls: TlsFiles | None = None) -> Iterator[grpc.Channel]:
         channel = self.acquire(address, tls)
         try:
             yield channel

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import grpc
 import tensorflow as tf
@@ -52,14 +52,14 @@ class DispatcherClient:
         address: str,
         timeout_s: float,
         shared: bool = False,
-        auth_token: Optional[str] = None,
-        tls: Optional[TlsFiles] = None,
+        auth_token: str | None = None,
+        tls: TlsFiles | None = None,
     ):
         self.address = address
         self.timeout_s = timeout_s
         self._shared = shared
         self._tls = tls
-        self._channel: Optional[grpc.Channel] = (
+        self._channel: grpc.Channel | None = (
             shared_channels.acquire(address, tls)
             if shared
             else make_channel(address, auth_token or auth.client_token(), tls)
@@ -81,7 +81,7 @@ class DispatcherClient:
             self._channel.close()
         self._channel = None
 
-    def __enter__(self) -> "DispatcherClient":
+    def __enter__(self) -> DispatcherClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -92,8 +92,8 @@ class DispatcherClient:
         method: Callable,
         request,
         what: str,
-        timeout_s: Optional[float] = None,
-        rpc_timeout_s: Optional[float] = DEFAULT_RPC_TIMEOUT_S,
+        timeout_s: float | None = None,
+        rpc_timeout_s: float | None = DEFAULT_RPC_TIMEOUT_S,
     ):
         try:
             return retrying.call(
@@ -148,7 +148,7 @@ class DispatcherClient:
         return self._call(self._stub.GetOrCreateIteration, request, "creating an iteration")
 
     def resume_iteration(
-        self, job: dispatcher_pb2.GetOrCreateJobRequest, progress: Sequence[Tuple[int, int]]
+        self, job: dispatcher_pb2.GetOrCreateJobRequest, progress: Sequence[tuple[int, int]]
     ) -> dispatcher_pb2.ResumeIterationResponse:
         """A new iteration continuing where a saved iterator stood: `progress` is (task id, elements
         its consumer had taken from the task's stream) per task."""
@@ -162,7 +162,7 @@ class DispatcherClient:
         iteration_client_id: int,
         current_round: int = 0,
         consumed_tasks: Sequence[int] = (),
-        reading: Optional[ReadingTotals] = None,
+        reading: ReadingTotals | None = None,
     ) -> dispatcher_pb2.ClientHeartbeatResponse:
         request = dispatcher_pb2.ClientHeartbeatRequest(
             iteration_client_id=iteration_client_id, current_round=current_round, consumed_tasks=consumed_tasks
@@ -183,7 +183,7 @@ class DispatcherClient:
         except grpc.RpcError as e:
             raise errors.to_tf_error(e, f"releasing iteration client {iteration_client_id} ({self.server})") from None
 
-    def get_workers(self) -> List[dispatcher_pb2.WorkerInfo]:
+    def get_workers(self) -> list[dispatcher_pb2.WorkerInfo]:
         request = dispatcher_pb2.GetWorkersRequest()
         return list(self._call(self._stub.GetWorkers, request, "listing workers").workers)
 
@@ -197,7 +197,7 @@ class DispatcherClient:
         timeout_s: float,
         worker_uid: int = 0,
         task_loads: Sequence[dispatcher_pb2.TaskLoad] = (),
-        snapshot_chunks: Sequence[Tuple[str, int]] = (),
+        snapshot_chunks: Sequence[tuple[str, int]] = (),
         worker_tags: Sequence[str] = (),
     ) -> dispatcher_pb2.WorkerHeartbeatResponse:
         request = dispatcher_pb2.WorkerHeartbeatRequest(

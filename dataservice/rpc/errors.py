@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import grpc
 import tensorflow as tf
@@ -57,7 +57,7 @@ class RemoteError(grpc.RpcError):
         return self._details
 
 
-def status_code(value: Optional[int]) -> grpc.StatusCode:
+def status_code(value: int | None) -> grpc.StatusCode:
     """The gRPC status code numbered `value` (TensorFlow's error codes are the same numbers), else UNKNOWN."""
     for candidate in grpc.StatusCode:
         if candidate.value[0] == value:
@@ -80,7 +80,7 @@ def handler(method: Callable) -> Callable:
             return method(self, request, context)
         except status.ServiceError as e:
             context.abort(grpc_code(e.code), e.message)
-        except Exception as e:  # noqa: BLE001 - the server must survive any request
+        except Exception as e:
             log.exception("%s failed", method.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {e}")
 

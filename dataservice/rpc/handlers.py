@@ -3,7 +3,7 @@ request validation): the one place that knows gRPC's four handler kinds."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import grpc
 
@@ -19,7 +19,7 @@ _KINDS = (
 
 
 def rewrap(
-    handler: grpc.RpcMethodHandler, wrap: Wrap, request_deserializer: Optional[Callable] = None
+    handler: grpc.RpcMethodHandler, wrap: Wrap, request_deserializer: Callable | None = None
 ) -> grpc.RpcMethodHandler:
     """A handler of the same kind and serializers as `handler` (its request deserializer
     replaced by `request_deserializer`, if given) whose behavior is `wrap(behavior,

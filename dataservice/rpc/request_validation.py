@@ -7,7 +7,8 @@ raising, and lets the method's handler run only on what decoded.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 

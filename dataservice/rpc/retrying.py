@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import tensorflow as tf
@@ -42,7 +43,7 @@ def call(
     server: str,
     what: str,
     timeout_s: float,
-    rpc_timeout_s: Optional[float] = 30.0,
+    rpc_timeout_s: float | None = 30.0,
 ) -> Any:
     """Calls `method(request)`, retrying RETRYABLE_CODES until `timeout_s` has passed.
 

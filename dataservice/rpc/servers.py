@@ -6,7 +6,8 @@ import concurrent.futures
 import dataclasses
 import logging
 import ssl
-from typing import Any, Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -32,11 +33,11 @@ REQUEST_OVERHEAD_BYTES = 1024 * 1024
 class ServerSecurity:
     """What a server's config says of TLS and the auth token, in the forms its parts need."""
 
-    tls: Optional[tls.ServerTls] = None
-    auth_token: Optional[str] = None
+    tls: tls.ServerTls | None = None
+    auth_token: str | None = None
 
     @classmethod
-    def of(cls, config: Any) -> "ServerSecurity":
+    def of(cls, config: Any) -> ServerSecurity:
         """From a DispatcherConfig or WorkerConfig (their protocol, tls_* and auth_token_file)."""
         server_tls = None
         if config.protocol == tls.TLS:
@@ -44,24 +45,24 @@ class ServerSecurity:
         token = auth.read_token_file(config.auth_token_file) if config.auth_token_file else None
         return cls(server_tls, token)
 
-    def interceptors(self, server: Callable[[], str]) -> List[grpc.ServerInterceptor]:
+    def interceptors(self, server: Callable[[], str]) -> list[grpc.ServerInterceptor]:
         """The authentication interceptor, if a token is required; `server` names the server."""
         return [auth.ServerAuthInterceptor(self.auth_token, server)] if self.auth_token is not None else []
 
-    def credentials(self) -> Optional[grpc.ServerCredentials]:
+    def credentials(self) -> grpc.ServerCredentials | None:
         """For bind(): None serves plaintext."""
         return self.tls.server_credentials() if self.tls is not None else None
 
-    def ssl_context(self) -> Optional[ssl.SSLContext]:
+    def ssl_context(self) -> ssl.SSLContext | None:
         """For the TCP data transfer: None serves plaintext."""
         return self.tls.server_context() if self.tls is not None else None
 
-    def as_client(self) -> Optional[tls.TlsFiles]:
+    def as_client(self) -> tls.TlsFiles | None:
         """What the server presents and trusts when it calls another server (None: plaintext)."""
         return self.tls.as_client() if self.tls is not None else None
 
 
-def bind(server: grpc.Server, port: int, credentials: Optional[grpc.ServerCredentials] = None) -> int:
+def bind(server: grpc.Server, port: int, credentials: grpc.ServerCredentials | None = None) -> int:
     """Binds all interfaces (IPv6 and IPv4 where the host has both), over TLS with `credentials`,
     and returns the bound port."""
     for host in ("[::]", "0.0.0.0"):

@@ -23,7 +23,6 @@ import dataclasses
 import os
 import socket
 import ssl
-from typing import Optional
 
 import grpc
 
@@ -36,7 +35,7 @@ KEY_ENV = "DATASERVICE_TLS_KEY_FILE"
 _DIAGNOSE_TIMEOUT_S = 3.0
 
 
-def _read(path: Optional[str], what: str) -> Optional[bytes]:
+def _read(path: str | None, what: str) -> bytes | None:
     if not path:
         return None
     try:
@@ -51,12 +50,12 @@ class TlsFiles:
     """The PEM files of one end: the CA it trusts (None: the system's roots), and its own
     certificate and key (a server's; a client's under mutual TLS)."""
 
-    ca_file: Optional[str] = None
-    cert_file: Optional[str] = None
-    key_file: Optional[str] = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
     @classmethod
-    def from_environment(cls) -> "TlsFiles":
+    def from_environment(cls) -> TlsFiles:
         """A client process's files: DATASERVICE_TLS_CA_FILE, _CERT_FILE and _KEY_FILE."""
         return cls(os.environ.get(CA_ENV) or None, os.environ.get(CERT_ENV) or None, os.environ.get(KEY_ENV) or None)
 
@@ -90,7 +89,7 @@ class ServerTls:
 
     cert_file: str
     key_file: str
-    ca_file: Optional[str] = None
+    ca_file: str | None = None
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
@@ -115,7 +114,7 @@ class ServerTls:
         return TlsFiles(self.ca_file or os.environ.get(CA_ENV) or None, self.cert_file, self.key_file)
 
 
-def diagnose(address: str, files: Optional[TlsFiles]) -> Optional[str]:
+def diagnose(address: str, files: TlsFiles | None) -> str | None:
     """Why a connection to `address` fails, in words, or None if a TLS handshake shows nothing
     wrong (the server may simply be down). `files`: the client's TLS files, None for plaintext."""
     host, _, port = address.rpartition(":")
@@ -175,7 +174,7 @@ def diagnose(address: str, files: Optional[TlsFiles]) -> Optional[str]:
     return None
 
 
-def _certificate_refused(files: TlsFiles, detail: Optional[str]) -> str:
+def _certificate_refused(files: TlsFiles, detail: str | None) -> str:
     if not files.cert_file:
         return f"it requires a client certificate (mutual TLS) and this client has none: set {CERT_ENV} and {KEY_ENV}"
     return f"it refused this client's certificate {files.cert_file} ({detail})"

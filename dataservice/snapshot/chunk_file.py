@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from typing import BinaryIO, List, Sequence
+from collections.abc import Sequence
+from typing import BinaryIO
 
 import cramjam
 import google_crc32c
@@ -32,7 +33,7 @@ def check_plain_tensors(element_spec) -> None:
     variant tensors in TensorFlow's chunks, which this writer does not produce."""
     import tensorflow as tf
 
-    if not all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec)):  # noqa: E721
+    if not all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec)):
         raise ValueError(
             f"distributed_save writes elements of plain tensors; this dataset's are {element_spec} "
             "(convert ragged or sparse components to dense ones before saving)"
@@ -62,7 +63,7 @@ class ChunkWriter:
         self._compression = compression
         self._dtype_enums = list(dtype_enums)
         self._out: BinaryIO = open(file, "wb")
-        self._pending: List[bytes] = []
+        self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._gzip = zlib.compressobj(6, zlib.DEFLATED, 31) if compression == "GZIP" else None
 

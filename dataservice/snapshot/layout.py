@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 from google.protobuf import text_format
 
@@ -50,7 +50,7 @@ def num_chunks(group_sizes: Sequence[int]) -> int:
     return min(largest, max(MIN_CHUNKS, math.ceil(largest / MAX_SPLITS_PER_CHUNK)))
 
 
-def chunk_ranges(group_sizes: Sequence[int], chunks: int, index: int) -> List[Tuple[int, int, int]]:
+def chunk_ranges(group_sizes: Sequence[int], chunks: int, index: int) -> list[tuple[int, int, int]]:
     """(split group, begin, end) of chunk `index` of `chunks`, one per group."""
     return [(group, index * size // chunks, (index + 1) * size // chunks) for group, size in enumerate(group_sizes)]
 
@@ -143,7 +143,7 @@ def done(path: str) -> bool:
     return os.path.exists(os.path.join(path, DONE_FILE))
 
 
-def error(path: str) -> Optional[str]:
+def error(path: str) -> str | None:
     try:
         with open(os.path.join(path, ERROR_FILE), encoding="utf-8") as f:
             return f.read()

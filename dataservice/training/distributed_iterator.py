@@ -27,7 +27,7 @@ class DistributedIterator(tf.Module):
         # Tracked by tf.Module: a checkpoint of this object holds the dataset iterator's state.
         self.iterator = iter(dataset)
 
-    def __iter__(self) -> "DistributedIterator":
+    def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self) -> Any:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor

@@ -4,14 +4,14 @@ onto the service (a dataset from distribute() is an ordinary tf.data.Dataset, so
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import tensorflow as tf
 
 
 def input_context_options(
     input_context: tf.distribute.InputContext, job_name: str, coordinated: bool = False
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """distribute() arguments for one input pipeline of `distribute_datasets_from_function`.
 
     All pipelines share the job `job_name`, so each element reaches one of them.
@@ -22,7 +22,7 @@ def input_context_options(
     """
     if not isinstance(job_name, str) or not job_name:
         raise ValueError(f"job_name must be a non-empty string, got {job_name!r}")
-    options: Dict[str, Any] = {"job_name": job_name}
+    options: dict[str, Any] = {"job_name": job_name}
     if coordinated:
         options["consumer_index"] = input_context.input_pipeline_id
         options["num_consumers"] = input_context.num_input_pipelines

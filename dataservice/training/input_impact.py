@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -71,7 +72,7 @@ def estimate_input_impact(
     return InputImpact(real, ideal, wait, bound, max(1, math.ceil(ideal / real)) if bound else 1)
 
 
-def _result(value: Optional[Any]) -> None:
+def _result(value: Any | None) -> None:
     """Waits for a step's outputs, so that asynchronous execution does not hide its cost."""
     for tensor in tf.nest.flatten(value):
         if isinstance(tensor, tf.Tensor):

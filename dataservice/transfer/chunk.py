@@ -23,7 +23,7 @@ rebuilds the elements in its own graph (client/chunk_dataset.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,8 +39,8 @@ class ColumnKind:
     and its rank (None: unknown, each element's rank travels with its shape)."""
 
     dtype: np.dtype
-    fixed_shape: Optional[tuple]
-    rank: Optional[int]
+    fixed_shape: tuple | None
+    rank: int | None
 
     @property
     def is_string(self) -> bool:
@@ -55,8 +55,8 @@ class ColumnKind:
 @dataclasses.dataclass
 class Column:
     values: np.ndarray
-    lengths: Optional[np.ndarray] = None
-    shapes: Optional[np.ndarray] = None
+    lengths: np.ndarray | None = None
+    shapes: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
@@ -68,11 +68,11 @@ class Chunk:
 
     __slots__ = ("_element_nbytes", "columns", "kinds", "num_elements")
 
-    def __init__(self, kinds: Sequence[ColumnKind], num_elements: int, columns: List[Column]):
+    def __init__(self, kinds: Sequence[ColumnKind], num_elements: int, columns: list[Column]):
         self.kinds = kinds
         self.num_elements = num_elements
         self.columns = columns
-        self._element_nbytes: Optional[np.ndarray] = None
+        self._element_nbytes: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
@@ -87,7 +87,7 @@ class Chunk:
             self._element_nbytes = total
         return self._element_nbytes
 
-    def slice(self, start: int, stop: int) -> "Chunk":
+    def slice(self, start: int, stop: int) -> Chunk:
         """Elements [start, stop) as a chunk whose columns are views of this one's."""
         if start == 0 and stop >= self.num_elements:
             return self
@@ -98,7 +98,7 @@ class Chunk:
         ]
         return Chunk(self.kinds, stop - start, columns)
 
-    def split(self) -> List["Chunk"]:
+    def split(self) -> list[Chunk]:
         """One chunk per element."""
         if self.num_elements == 1:
             return [self]
@@ -114,7 +114,7 @@ def element_counts(kind: ColumnKind, column: Column, num_elements: int) -> np.nd
     return np.array([int(np.prod(s, dtype=np.int64)) for s in shape_list(kind, column, num_elements)], np.int64)
 
 
-def shape_list(kind: ColumnKind, column: Column, num_elements: int) -> List[tuple]:
+def shape_list(kind: ColumnKind, column: Column, num_elements: int) -> list[tuple]:
     """Each element's shape."""
     if kind.fixed_shape is not None:
         return [kind.fixed_shape] * num_elements
@@ -144,7 +144,7 @@ def _value_offsets(kind: ColumnKind, column: Column, num_elements: int, in_bytes
     return offsets * column.values.dtype.itemsize if in_bytes else offsets
 
 
-def _slice_shapes(kind: ColumnKind, column: Column, num_elements: int, start: int, stop: int) -> Optional[np.ndarray]:
+def _slice_shapes(kind: ColumnKind, column: Column, num_elements: int, start: int, stop: int) -> np.ndarray | None:
     if kind.fixed_shape is not None:
         return None
     if kind.rank is not None:
@@ -211,7 +211,7 @@ def aligned(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def element_shape(kind: ColumnKind, array: np.ndarray) -> Optional[np.ndarray]:
+def element_shape(kind: ColumnKind, array: np.ndarray) -> np.ndarray | None:
     """The `shapes` of a one-element column holding `array` (None for a fixed shape)."""
     if kind.fixed_shape is not None:
         return None
@@ -220,7 +220,7 @@ def element_shape(kind: ColumnKind, array: np.ndarray) -> Optional[np.ndarray]:
     return np.array(array.shape, np.int64).reshape(1, array.ndim)
 
 
-def strings_column(strings: np.ndarray, shapes: Optional[np.ndarray] = None) -> Column:
+def strings_column(strings: np.ndarray, shapes: np.ndarray | None = None) -> Column:
     """A string component's column from an object array of bytes (the elements' strings, in
     order) and the elements' `shapes` (None for a fixed shape)."""
     flat = strings.reshape(-1)
@@ -242,7 +242,7 @@ def element_columns(kinds: Sequence[ColumnKind], components: Sequence[np.ndarray
     return Chunk(kinds, 1, columns)
 
 
-def element_at(chunk: Chunk, index: int) -> List[np.ndarray]:
+def element_at(chunk: Chunk, index: int) -> list[np.ndarray]:
     """Element `index` of the chunk as numpy arrays, one per component (strings as object arrays)."""
     one = chunk.slice(index, index + 1)
     out = []

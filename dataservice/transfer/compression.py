@@ -14,7 +14,7 @@ processes of one host never compress (they are not short of bandwidth).
 
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import cramjam
 import lz4.block
@@ -23,7 +23,7 @@ import numpy as np
 from dataservice.v1 import common_pb2
 
 # Anything with the buffer protocol and a length in bytes: bytes, memoryview, 1-D uint8 arrays.
-BytesLike = Union[bytes, memoryview, np.ndarray]
+BytesLike = bytes | memoryview | np.ndarray
 
 # Tensors smaller than this go raw: the header and the call cost more than they save.
 MIN_COMPRESS_BYTES = 4096
@@ -32,7 +32,7 @@ SAMPLE_BYTES = 64 * 1024
 MAX_RATIO = 0.8
 
 
-def compress(data: BytesLike, mode: int = common_pb2.COMPRESSION_AUTO) -> Tuple[int, BytesLike]:
+def compress(data: BytesLike, mode: int = common_pb2.COMPRESSION_AUTO) -> tuple[int, BytesLike]:
     """(codec, payload) for a stream's compression `mode`: AUTO, LZ4 when the data compresses
     well, else the data as it is; SNAPPY, snappy; NONE, the data as it is."""
     if mode == common_pb2.COMPRESSION_SNAPPY:
@@ -68,9 +68,9 @@ class StreamCompressor:
 
     def __init__(self, mode: int):
         self.mode = mode
-        self._decided: Dict[int, bool] = {}
+        self._decided: dict[int, bool] = {}
 
-    def compress(self, component: int, parts: Sequence[BytesLike]) -> Tuple[int, BytesLike]:
+    def compress(self, component: int, parts: Sequence[BytesLike]) -> tuple[int, BytesLike]:
         """(codec, payload) for one buffer of `component` (given as parts back to back)."""
         if self.mode == common_pb2.COMPRESSION_NONE:
             return common_pb2.COMPRESSION_NONE, parts

@@ -10,7 +10,7 @@ views of the worker's arrays.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterator, Sequence
 
 from google.protobuf.message import Message
 
@@ -22,11 +22,11 @@ PROTOCOL = "local"
 # raises status.ServiceError.
 Serve = Callable[
     [worker_pb2.StreamElementsRequest, Iterator[worker_pb2.StreamElementsRequest], Callable[[], bool]],
-    Iterator[Tuple[Message, List]],
+    Iterator[tuple[Message, list]],
 ]
 
 _lock = threading.Lock()
-_workers: Dict[str, Serve] = {}
+_workers: dict[str, Serve] = {}
 
 
 def register(worker_address: str, serve: Serve) -> None:
@@ -39,7 +39,7 @@ def unregister(worker_address: str) -> None:
         _workers.pop(worker_address, None)
 
 
-def find(worker_address: str) -> Optional[Serve]:
+def find(worker_address: str) -> Serve | None:
     """How to read the worker at `worker_address` through memory, if it runs in this process."""
     with _lock:
         return _workers.get(worker_address)

@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Callable, List, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -108,7 +108,7 @@ class Ring:
         self._free = list(range(self.size // slot_bytes - 1, -1, -1))
         self._taken = set()
 
-    def allocate(self, nbytes: int) -> Optional[int]:
+    def allocate(self, nbytes: int) -> int | None:
         """The offset of a free slot for a body of `nbytes`, or None (too large, or none free)."""
         if nbytes > self.slot_bytes:
             return None
@@ -119,7 +119,7 @@ class Ring:
             self._taken.add(slot)
             return slot * self.slot_bytes
 
-    def release(self, offsets: List[int]) -> None:
+    def release(self, offsets: list[int]) -> None:
         """The client no longer holds these slots. Offsets of no taken slot are ignored."""
         with self._lock:
             for offset in offsets:
@@ -133,7 +133,7 @@ class Ring:
         with self._lock:
             return len(self._free)
 
-    def write(self, offset: int, parts: List) -> None:
+    def write(self, offset: int, parts: list) -> None:
         """Copies the parts (the message body, padding included) into the ring at `offset`."""
         position = offset
         for part in parts:
@@ -183,7 +183,7 @@ def send_fd(sock: socket.socket, data: bytes, fd: int) -> None:
         sock.sendall(memoryview(data)[sent:])
 
 
-def recv_fd_into(sock: socket.socket, view: memoryview) -> Optional[int]:
+def recv_fd_into(sock: socket.socket, view: memoryview) -> int | None:
     """Fills `view` from the socket; returns the descriptor that came with its first bytes, if any."""
     received, ancillary, _, _ = sock.recvmsg_into([view], socket.CMSG_SPACE(4))
     fd = None

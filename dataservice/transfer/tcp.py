@@ -38,7 +38,7 @@ import socket
 import ssl
 import struct
 import threading
-from typing import Dict, Iterator, List, Optional, Tuple
+from collections.abc import Iterator
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -63,12 +63,12 @@ KEEPALIVE_IDLE_S = 30
 KEEPALIVE_INTERVAL_S = 10
 
 
-def transfer_address(address: str) -> Optional[str]:
+def transfer_address(address: str) -> str | None:
     """'host:port' of the TCP transfer in a worker's transfer addresses; None when there is none."""
     return transfer_addresses(address).get(PROTOCOL)
 
 
-def transfer_addresses(value: str) -> Dict[str, str]:
+def transfer_addresses(value: str) -> dict[str, str]:
     """A worker's registered transfer addresses ("tcp://host:port,unix://@name") by protocol:
     {"tcp": "host:port", "unix": "@name"}; a gRPC address gives {}."""
     found = {}
@@ -90,7 +90,7 @@ def _unix_address(name: str) -> str:
     return "\0" + name[1:]
 
 
-def split_host_port(address: str) -> Tuple[str, int]:
+def split_host_port(address: str) -> tuple[str, int]:
     """("host", port) of "host:port" or "[v6 host]:port"."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -157,19 +157,17 @@ class TlsStream:
     def close(self) -> None:
         self._sock.close()
 
-    def settimeout(self, timeout: Optional[float]) -> None:
+    def settimeout(self, timeout: float | None) -> None:
         """Reads and writes wait for the socket (see the class); a timeout is not applied."""
 
-    def __enter__(self) -> "TlsStream":
+    def __enter__(self) -> TlsStream:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def connect_unix(
-    name: str, timeout_s: float, tls: Optional[TlsFiles] = None, server_hostname: str = ""
-) -> socket.socket:
+def connect_unix(name: str, timeout_s: float, tls: TlsFiles | None = None, server_hostname: str = "") -> socket.socket:
     """A connection to the abstract Unix socket `name` ("@..."), over TLS with `tls` (the server's
     certificate verified for `server_hostname`, its TCP host); raises OSError
     (ConnectionRefusedError when no such socket exists here) when it cannot be made."""
@@ -198,7 +196,7 @@ def listen_unix(name: str) -> socket.socket:
     return sock
 
 
-def connect(address: str, timeout_s: float, tls: Optional[TlsFiles] = None) -> socket.socket:
+def connect(address: str, timeout_s: float, tls: TlsFiles | None = None) -> socket.socket:
     """A connection to 'host:port', configured, over TLS with `tls` (the server's certificate
     verified for the host); raises OSError (ssl.SSLError for TLS) when it cannot be made."""
     host, port = split_host_port(address)
@@ -214,7 +212,7 @@ def connect(address: str, timeout_s: float, tls: Optional[TlsFiles] = None) -> s
     return sock
 
 
-def send_parts(sock: socket.socket, parts: List[wire.Buffer]) -> None:
+def send_parts(sock: socket.socket, parts: list[wire.Buffer]) -> None:
     """Sends the parts in order, from their own memory, however the kernel splits the writes
     (over TLS, which has no scatter-gather send, one part at a time)."""
     views = [memoryview(part).cast("B") for part in parts if len(part)]
@@ -276,7 +274,7 @@ def read_requests(sock: socket.socket) -> Iterator[worker_pb2.StreamElementsRequ
         yield request
 
 
-def recv_response(sock: socket.socket) -> Tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]:
+def recv_response(sock: socket.socket) -> tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]:
     """The next message's header and buffers; the body lands in TF_ALIGNMENT-aligned memory.
     Raises ConnectionError when the connection ends first."""
     response, body, _ = recv_message(sock)
@@ -285,7 +283,7 @@ def recv_response(sock: socket.socket) -> Tuple[worker_pb2.StreamElementsRespons
 
 def recv_message(
     sock: socket.socket, receive_fd: bool = False
-) -> Tuple[worker_pb2.StreamElementsResponse, np.ndarray, Optional[int]]:
+) -> tuple[worker_pb2.StreamElementsResponse, np.ndarray, int | None]:
     """The next message's header, its body (in TF_ALIGNMENT-aligned memory) and, with
     `receive_fd`, the descriptor that came with it (shared_memory.py). Raises ConnectionError
     when the connection ends first."""

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Any, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -38,9 +39,9 @@ from dataservice.transfer import chunk as chunk_lib
 from dataservice.transfer import compression
 from dataservice.v1 import common_pb2
 
-Components = List[np.ndarray]
+Components = list[np.ndarray]
 # Bytes on their way into a message: bytes, a memoryview, or a 1-D uint8 array viewing a column.
-Buffer = Union[bytes, memoryview, np.ndarray]
+Buffer = bytes | memoryview | np.ndarray
 Header = TypeVar("Header", bound=Message)
 
 
@@ -49,7 +50,7 @@ class Contiguous(list):
     (a column's values from several chunks), sent from their own memory."""
 
 
-BufferEntry = Union[Buffer, Contiguous]
+BufferEntry = Buffer | Contiguous
 
 _HEADER_SIZE = struct.Struct("<I")
 _ALIGNMENT = 8
@@ -59,7 +60,7 @@ _PADDING = bytes(TF_ALIGNMENT)
 STREAM_PREFIX = struct.Struct("<IQ")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def numpy_dtype(dtype_enum: int) -> np.dtype:
     return np.dtype(tf.dtypes.as_dtype(dtype_enum).as_numpy_dtype)
 
@@ -75,12 +76,12 @@ def nbytes(buffer: BufferEntry) -> int:
 def frame(header: Message, buffers: Sequence[BufferEntry] = ()) -> bytes:
     """The header and the buffers as one gRPC message (the only copy of the buffers' bytes)."""
     head = header.SerializeToString()
-    parts: List[Buffer] = [_HEADER_SIZE.pack(len(head)), head]
+    parts: list[Buffer] = [_HEADER_SIZE.pack(len(head)), head]
     body, _ = _body(buffers, _ALIGNMENT, _HEADER_SIZE.size + len(head))
     return b"".join(parts + body)
 
 
-def unframe(data: bytes, header_type: Type[Header]) -> Tuple[Header, "FrameBuffers"]:
+def unframe(data: bytes, header_type: type[Header]) -> tuple[Header, FrameBuffers]:
     """The frame's header and its buffers."""
     if len(data) < _HEADER_SIZE.size:
         raise ValueError(f"a data message of {len(data)} bytes is too short to be a frame")
@@ -91,7 +92,7 @@ def unframe(data: bytes, header_type: Type[Header]) -> Tuple[Header, "FrameBuffe
     return header_type.FromString(memoryview(data)[_HEADER_SIZE.size : end]), FrameBuffers(data, end, _ALIGNMENT)
 
 
-def stream_message(header: Message, buffers: Sequence[BufferEntry] = ()) -> List[Buffer]:
+def stream_message(header: Message, buffers: Sequence[BufferEntry] = ()) -> list[Buffer]:
     """The header and the buffers as the parts of one stream data message (tcp.py), sent as
     they are:
 
@@ -105,16 +106,16 @@ def stream_message(header: Message, buffers: Sequence[BufferEntry] = ()) -> List
     return [STREAM_PREFIX.pack(len(head), body_size), head, *body]
 
 
-def stream_body(buffers: Sequence[BufferEntry]) -> Tuple[List[Buffer], int]:
+def stream_body(buffers: Sequence[BufferEntry]) -> tuple[list[Buffer], int]:
     """The body of stream_message(header, buffers): its parts and its size."""
     return _body(buffers, TF_ALIGNMENT, 0)
 
 
-def _body(buffers: Sequence[BufferEntry], alignment: int, offset: int) -> Tuple[List[Buffer], int]:
+def _body(buffers: Sequence[BufferEntry], alignment: int, offset: int) -> tuple[list[Buffer], int]:
     """The buffers, each padded to start at a multiple of `alignment` counting from `offset`
     bytes before the first (the parts of a Contiguous buffer without padding between them),
     and their size with the padding."""
-    parts: List[Buffer] = []
+    parts: list[Buffer] = []
     start = offset
     for buffer in buffers:
         padding = -offset % alignment
@@ -132,7 +133,7 @@ class FrameBuffers:
     """The tensor buffers of one data message, taken in order: each starts at the
     next multiple of the message's alignment."""
 
-    def __init__(self, data: Union[bytes, np.ndarray], offset: int, alignment: int):
+    def __init__(self, data: bytes | np.ndarray, offset: int, alignment: int):
         self._data = memoryview(data)
         self._offset = offset
         self._alignment = alignment
@@ -157,9 +158,9 @@ class ElementCodec:
 
     def __init__(self, element_spec: Any):
         self.element_spec = element_spec
-        self.component_specs: List[tf.TensorSpec] = tf.nest.flatten(element_spec, expand_composites=True)
+        self.component_specs: list[tf.TensorSpec] = tf.nest.flatten(element_spec, expand_composites=True)
         self.dtype_enums = [spec.dtype.as_datatype_enum for spec in self.component_specs]
-        self.kinds: List[chunk_lib.ColumnKind] = [
+        self.kinds: list[chunk_lib.ColumnKind] = [
             chunk_lib.ColumnKind(
                 np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype),
                 tuple(spec.shape.as_list()) if spec.shape.is_fully_defined() else None,
@@ -170,7 +171,7 @@ class ElementCodec:
         # Every component has one shape for all elements: stacked columns.
         self.fixed_shapes = all(kind.fixed_shape is not None for kind in self.kinds)
         # The element is plain tensors (no ragged or sparse components).
-        self.plain = all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec))  # noqa: E721
+        self.plain = all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec))
         self._single_tensor = isinstance(element_spec, tf.TensorSpec)
 
     @property
@@ -217,13 +218,13 @@ class ElementCodec:
     # ---- encoding (workers) ----------------------------------------------
 
     def encode(
-        self, chunks: Sequence[chunk_lib.Chunk], compressor: Optional[compression.StreamCompressor] = None
-    ) -> Tuple[common_pb2.ElementChunk, List[BufferEntry]]:
+        self, chunks: Sequence[chunk_lib.Chunk], compressor: compression.StreamCompressor | None = None
+    ) -> tuple[common_pb2.ElementChunk, list[BufferEntry]]:
         """Consecutive chunks as one chunk of the wire and the buffers that follow it in a
         message: each column's values from every chunk back to back, as they are (compressed
         where `compressor`, the stream's, says so)."""
         proto = common_pb2.ElementChunk(num_elements=sum(c.num_elements for c in chunks))
-        buffers: List[BufferEntry] = []
+        buffers: list[BufferEntry] = []
         for i, (kind, dtype_enum) in enumerate(zip(self.kinds, self.dtype_enums)):
             columns = [c.columns[i] for c in chunks if c.num_elements]
             tensor = proto.components.add(dtype=dtype_enum)
@@ -254,7 +255,7 @@ class ElementCodec:
 
     # ---- decoding (clients) ----------------------------------------------
 
-    def decode(self, proto: common_pb2.ElementChunk, buffers: "FrameBuffers") -> chunk_lib.Chunk:
+    def decode(self, proto: common_pb2.ElementChunk, buffers: FrameBuffers) -> chunk_lib.Chunk:
         """The chunk's columns, taken from `buffers`: views of the received message unless
         compressed, or unaligned (then aligned copies). Raises ValueError for a chunk that does
         not fit the element spec."""
@@ -317,5 +318,5 @@ def tf_aligned(array: np.ndarray) -> np.ndarray:
     return chunk_lib.aligned(array)
 
 
-def tf_aligned_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def tf_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return chunk_lib.aligned_empty(shape, dtype)

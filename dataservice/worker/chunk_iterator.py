@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -66,7 +65,7 @@ class ProductionRate:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seconds_per_element: Optional[float] = None
+        self._seconds_per_element: float | None = None
 
     def record(self, elements: int, seconds: float) -> None:
         if elements <= 0:
@@ -85,7 +84,7 @@ class ProductionRate:
                     self._seconds_per_element = seconds_per_element
 
     @property
-    def seconds_per_element(self) -> Optional[float]:
+    def seconds_per_element(self) -> float | None:
         with self._lock:
             return self._seconds_per_element
 
@@ -99,7 +98,7 @@ class ProductionRate:
         return max(1, min(cap, MAX_CHUNK_ELEMENTS))
 
 
-def chunk_schedule(cap: int) -> List[int]:
+def chunk_schedule(cap: int) -> list[int]:
     """Chunk sizes 1, 2, 4, ... below `cap`, then `cap` (_CAPPED_CHUNKS times)."""
     sizes = []
     size = 1
@@ -123,7 +122,7 @@ class ChunkIterator:
         self,
         dataset: tf.data.Dataset,
         codec: ElementCodec,
-        rate: Optional[ProductionRate] = None,
+        rate: ProductionRate | None = None,
         max_chunk: int = MAX_CHUNK_ELEMENTS,
     ):
         self._codec = codec
@@ -142,7 +141,7 @@ class ChunkIterator:
         self._iterator = iter(chunks)
         plain = codec.plain
         resource = tf_internal.iterator_resource(self._iterator)
-        self._resource: Optional[tf.Tensor] = resource if plain else None
+        self._resource: tf.Tensor | None = resource if plain else None
         specs = codec.component_specs
         self._types = [spec.dtype for spec in specs]
         self._shapes = [
@@ -151,9 +150,9 @@ class ChunkIterator:
         # The first chunk's time includes the pipeline's start (buffers filling, files opening): not a rate.
         self._started = False
         # peek(): the next chunk, or the exception that computing it raised.
-        self._peeked: Optional[Tuple[Optional[Chunk], Optional[BaseException]]] = None
+        self._peeked: tuple[Chunk | None, BaseException | None] | None = None
 
-    def __iter__(self) -> "ChunkIterator":
+    def __iter__(self) -> ChunkIterator:
         return self
 
     def peek(self) -> None:

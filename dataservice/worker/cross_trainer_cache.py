@@ -12,8 +12,6 @@ that joins starts at the oldest element in the window.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
-
 from dataservice import status
 from dataservice.config import DEFAULT_CROSS_TRAINER_CACHE_BYTES
 from dataservice.transfer.chunk import Chunk
@@ -31,7 +29,7 @@ class CachingTaskRunner(TaskRunner):
         # Set before the producer thread starts (in TaskRunner's constructor).
         self._cache_bytes = cache_bytes
         self._first = 0  # the index of the oldest element in the window (_buffer[0])
-        self._positions: Dict[str, int] = {}
+        self._positions: dict[str, int] = {}
         # Elements handed to trainers, all trainers together (for the production ratio).
         self.elements_consumed = 0
         super().__init__(*args, **kwargs)
@@ -62,14 +60,14 @@ class CachingTaskRunner(TaskRunner):
             self._buffered_elements -= 1
             self._first += 1
 
-    def _exhausted_error(self) -> Optional[BaseException]:
+    def _exhausted_error(self) -> BaseException | None:
         return status.invalid_argument(
             "Cross-trainer caching requires the input dataset to be infinite. However, it reached the end of sequence."
         )
 
     def take(
         self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0, trainer_id: str = ""
-    ) -> Tuple[List[Chunk], bool]:
+    ) -> tuple[list[Chunk], bool]:
         """Up to `max_elements` elements (chunks of one) from `trainer_id`'s position on; never done (the
         dataset is infinite). Raises the pipeline's error once the trainer reaches it."""
         with self._cond:
@@ -88,7 +86,7 @@ class CachingTaskRunner(TaskRunner):
                 lambda: available() >= max_elements or self._error is not None or self._stopped, linger_s
             )
             position = max(self._positions[trainer_id], self._first)  # behind the window: skip ahead
-            taken: List[Chunk] = []
+            taken: list[Chunk] = []
             taken_bytes = 0
             while position < self._end() and len(taken) < max_elements:
                 element, size = self._buffer[position - self._first]

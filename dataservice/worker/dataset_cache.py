@@ -25,7 +25,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -43,7 +44,7 @@ PREPARED_TTL_S = 60.0
 PREPARE_WAIT_S = 10.0
 
 # (graph_def, element_spec) of a registered dataset.
-DatasetDef = Tuple[bytes, Any]
+DatasetDef = tuple[bytes, Any]
 
 
 class _Entry:
@@ -53,7 +54,7 @@ class _Entry:
         self.codec = ElementCodec(element_spec)
         # How fast its pipeline runs on this worker: sizes the chunks of its next tasks.
         self.rate = ProductionRate()
-        self.whole: Optional[tf.data.Dataset] = None
+        self.whole: tf.data.Dataset | None = None
         # A seeded shuffle or random source: each task builds its own copy (pipeline/seeds.py).
         self.seeded = seeds.has_seed_generators(graph_lib.parse_graph(graph_def))
 
@@ -80,10 +81,10 @@ class DatasetCache:
         self._max_prepared = max_prepared
         self._prepared_ttl_s = prepared_ttl_s
         self._lock = threading.Lock()
-        self._entries: "collections.OrderedDict[str, _Entry]" = collections.OrderedDict()
+        self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         # dataset id -> (when prepared, the iterator), oldest first.
-        self._prepared: "collections.OrderedDict[str, Tuple[float, ChunkIterator]]" = collections.OrderedDict()
-        self._preparing: Dict[str, concurrent.futures.Future] = {}
+        self._prepared: collections.OrderedDict[str, tuple[float, ChunkIterator]] = collections.OrderedDict()
+        self._preparing: dict[str, concurrent.futures.Future] = {}
         # Prepares datasets and destroys unused iterators (which can block: see chunk_iterator).
         self._background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="datasets")
 
@@ -177,7 +178,7 @@ class DatasetCache:
                 pass
 
     def _prepare(self, dataset_id: str) -> None:
-        iterator: Optional[ChunkIterator] = None
+        iterator: ChunkIterator | None = None
         try:
             iterator = self.chunk_iterator(dataset_id, self.task_dataset(dataset_id, 0))
             iterator.peek()
@@ -195,7 +196,7 @@ class DatasetCache:
         log.info("prepared dataset %s ahead of its first task", dataset_id)
 
     @property
-    def prepared(self) -> List[str]:
+    def prepared(self) -> list[str]:
         """The datasets with a prepared iterator that no task has taken yet, oldest first."""
         with self._lock:
             return list(self._prepared)
@@ -214,7 +215,7 @@ class DatasetCache:
             dropped = [self._prepared.pop(k)[1] for k in expired]
         self._drop(dropped)
 
-    def _drop(self, iterators: List[ChunkIterator]) -> None:
+    def _drop(self, iterators: list[ChunkIterator]) -> None:
         if iterators:
             try:
                 self._background.submit(iterators.clear)

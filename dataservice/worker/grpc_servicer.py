@@ -8,7 +8,7 @@ the call's gRPC status.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from dataservice import status
 from dataservice.rpc import errors

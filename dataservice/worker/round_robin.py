@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Deque, Dict, List, Optional, Set, Tuple
 
 from dataservice.transfer.chunk import Chunk
 from dataservice.worker.task_runner import TaskRunner
@@ -29,12 +28,12 @@ class RoundRobinServer:
         self.starting_round = starting_round
         self._cond = threading.Condition()
         # round -> its elements (None: the pipeline ended before the round was full).
-        self._rounds: Dict[int, Optional[List[Chunk]]] = {}
-        self._order: Deque[int] = collections.deque()
-        self._requested: Dict[int, Set[int]] = collections.defaultdict(set)
+        self._rounds: dict[int, list[Chunk] | None] = {}
+        self._order: collections.deque[int] = collections.deque()
+        self._requested: dict[int, set[int]] = collections.defaultdict(set)
         self._cutting = False
 
-    def get(self, consumer_index: int, round_index: int, wait_s: float) -> Tuple[Optional[Chunk], bool]:
+    def get(self, consumer_index: int, round_index: int, wait_s: float) -> tuple[Chunk | None, bool]:
         """(element as a chunk of one, end_of_sequence) for the consumer's share of the round; (None, False)
         when not every consumer has asked for the round within `wait_s` (ask again)."""
         if not 0 <= consumer_index < self._num_consumers:
@@ -72,7 +71,7 @@ class RoundRobinServer:
         releases it while waiting for the pipeline."""
         self._cutting = True
         try:
-            elements: List[Chunk] = []
+            elements: list[Chunk] = []
             done = False
             self._cond.release()
             try:

@@ -14,7 +14,7 @@ import itertools
 import logging
 import os
 import threading
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -32,7 +32,7 @@ from dataservice.worker.dataset_cache import DatasetCache
 
 log = logging.getLogger(__name__)
 
-ChunkKey = Tuple[str, int]
+ChunkKey = tuple[str, int]
 
 
 class ChunkStopped(Exception):
@@ -48,10 +48,10 @@ class SnapshotWriters:
         self._dispatcher = dispatcher
         self._datasets = datasets
         self._lock = threading.Lock()
-        self._running: Dict[ChunkKey, threading.Event] = {}
+        self._running: dict[ChunkKey, threading.Event] = {}
         self._attempts = itertools.count()
 
-    def current(self) -> List[ChunkKey]:
+    def current(self) -> list[ChunkKey]:
         """Chunks being written (for the heartbeat)."""
         with self._lock:
             return sorted(self._running)
@@ -80,7 +80,7 @@ class SnapshotWriters:
     def _run(self, chunk: common_pb2.SnapshotChunkDef, stop: threading.Event) -> None:
         key = (chunk.path, chunk.chunk_index)
         context = ids(dataset_id=chunk.dataset_id, worker=self._address)
-        next_chunks: List[common_pb2.SnapshotChunkDef] = []
+        next_chunks: list[common_pb2.SnapshotChunkDef] = []
         try:
             name = f"chunk.{self._uid:x}.{next(self._attempts)}"
             try:

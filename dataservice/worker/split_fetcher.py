@@ -11,7 +11,6 @@ repetition across all workers.
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -27,7 +26,7 @@ class _GroupLog:
     """The ranges of one (group, repetition) fetched so far."""
 
     def __init__(self) -> None:
-        self.ranges: List[Tuple[int, int]] = []
+        self.ranges: list[tuple[int, int]] = []
         self.ended = False
         self.fetching = False
 
@@ -38,14 +37,14 @@ class SplitFetcher:
         dispatcher: DispatcherClient,
         iteration_id: int,
         task_id: int,
-        sources: List[Source],
+        sources: list[Source],
     ):
         self._dispatcher = dispatcher
         self._iteration_id = iteration_id
         self._task_id = task_id
         self._cond = threading.Condition()
-        self._logs: Dict[Tuple[int, int], _GroupLog] = {}
-        self._repetitions: Dict[str, int] = {s.node_name: -1 for s in sources}
+        self._logs: dict[tuple[int, int], _GroupLog] = {}
+        self._repetitions: dict[str, int] = {s.node_name: -1 for s in sources}
         self._group_of = {s.node_name: s.group for s in sources}
 
     def ranges(self, source: Source) -> tf.data.Dataset:
@@ -73,7 +72,7 @@ class SplitFetcher:
         for key in [k for k in self._logs if k[0] == group and k[1] < oldest]:
             del self._logs[key]
 
-    def _range(self, group: int, repetition: int, index: int) -> Optional[Tuple[int, int]]:
+    def _range(self, group: int, repetition: int, index: int) -> tuple[int, int] | None:
         """Range `index` of the group's repetition, once the dispatcher knows the task starts it.
 
         Asking the dispatcher for range index + 1 is what tells it that range

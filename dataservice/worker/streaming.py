@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable, Dict, Iterator, List, Tuple
+from collections.abc import Callable, Iterator
 
 import grpc
 from google.protobuf.message import Message
@@ -46,7 +46,7 @@ ROUND_WAIT_S = 2.0
 MAX_STREAMS_PER_CLIENT = 16
 
 # A response header and the buffers that follow it.
-Response = Tuple[Message, List[wire.BufferEntry]]
+Response = tuple[Message, list[wire.BufferEntry]]
 
 
 class StreamLimiter:
@@ -55,7 +55,7 @@ class StreamLimiter:
     def __init__(self, limit: int = MAX_STREAMS_PER_CLIENT) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._open: Dict[int, int] = {}
+        self._open: dict[int, int] = {}
 
     def acquire(self, client_id: int) -> bool:
         with self._lock:
@@ -78,21 +78,21 @@ class TransferStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sent: Dict[str, List[int]] = {}
-        self._open: Dict[str, int] = {}
+        self._sent: dict[str, list[int]] = {}
+        self._open: dict[str, int] = {}
 
     def opened(self, protocol: str, delta: int = 1) -> None:
         with self._lock:
             self._open[protocol] = self._open.get(protocol, 0) + delta
 
-    def sent(self, protocol: str, elements: int, buffers: List[wire.Buffer]) -> None:
+    def sent(self, protocol: str, elements: int, buffers: list[wire.Buffer]) -> None:
         nbytes = sum(wire.nbytes(b) for b in buffers)
         with self._lock:
             totals = self._sent.setdefault(protocol, [0, 0])
             totals[0] += elements
             totals[1] += nbytes
 
-    def snapshot(self) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, int]]:
+    def snapshot(self) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
         """({protocol: (elements, bytes) sent}, {protocol: streams open})."""
         with self._lock:
             return {p: (t[0], t[1]) for p, t in self._sent.items()}, dict(self._open)
@@ -127,7 +127,7 @@ def stopped_message(task_id: int) -> str:
     )
 
 
-def _problems(request: Message, non_negative: Tuple[str, ...]) -> List[str]:
+def _problems(request: Message, non_negative: tuple[str, ...]) -> list[str]:
     """What is wrong in the fields every stream and round request has, and in `non_negative`."""
     problems = []
     if request.task_id <= 0:
@@ -215,7 +215,7 @@ def stream_task(
                 worker.report_finished(request.task_id)
             if chunks or done:
                 response = worker_pb2.StreamElementsResponse(end_of_sequence=done)
-                buffers: List[wire.BufferEntry] = []
+                buffers: list[wire.BufferEntry] = []
                 if chunks:
                     chunk, buffers = runner.codec.encode(chunks, compressor)
                     response.chunks.append(chunk)

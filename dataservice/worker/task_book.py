@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from collections.abc import Callable
 
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.task_runner import TaskRunner
@@ -27,10 +27,10 @@ class TaskBook:
         self._on_unknown_task = on_unknown_task
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._runners: Dict[int, TaskRunner] = {}
-        self._round_robins: Dict[int, RoundRobinServer] = {}
-        self._finished: Set[int] = set()
-        self._unreported: Set[int] = set()
+        self._runners: dict[int, TaskRunner] = {}
+        self._round_robins: dict[int, RoundRobinServer] = {}
+        self._finished: set[int] = set()
+        self._unreported: set[int] = set()
         self._closed = False
 
     def is_known(self, task_id: int) -> bool:
@@ -38,9 +38,7 @@ class TaskBook:
         with self._lock:
             return self._closed or task_id in self._runners or task_id in self._finished
 
-    def add(
-        self, task_id: int, start: Callable[[], Tuple[TaskRunner, Optional[RoundRobinServer]]]
-    ) -> Optional[TaskRunner]:
+    def add(self, task_id: int, start: Callable[[], tuple[TaskRunner, RoundRobinServer | None]]) -> TaskRunner | None:
         """Starts a task with `start` (called under the lock, so a task is never started twice)
         and records its runner and round server; None if it is known already."""
         with self._lock:
@@ -53,7 +51,7 @@ class TaskBook:
             self._changed.notify_all()
             return runner
 
-    def finish(self, task_id: int) -> Optional[TaskRunner]:
+    def finish(self, task_id: int) -> TaskRunner | None:
         """Marks the task finished (its data handed out) and to be reported; returns its runner
         for the caller to stop, or None if it had finished already."""
         with self._lock:
@@ -66,13 +64,13 @@ class TaskBook:
             self._changed.notify_all()
             return runner
 
-    def remove(self, task_id: int) -> Optional[TaskRunner]:
+    def remove(self, task_id: int) -> TaskRunner | None:
         """Forgets a running task the dispatcher stopped; returns its runner for the caller to stop."""
         with self._lock:
             self._round_robins.pop(task_id, None)
             return self._runners.pop(task_id, None)
 
-    def close(self) -> List[TaskRunner]:
+    def close(self) -> list[TaskRunner]:
         """Forgets every running task and refuses new ones; returns the runners to stop."""
         with self._lock:
             self._closed = True
@@ -86,34 +84,34 @@ class TaskBook:
         with self._lock:
             return task_id in self._finished
 
-    def runner(self, task_id: int) -> Optional[TaskRunner]:
+    def runner(self, task_id: int) -> TaskRunner | None:
         with self._lock:
             return self._runners.get(task_id)
 
-    def round_robin(self, task_id: int) -> Optional[RoundRobinServer]:
+    def round_robin(self, task_id: int) -> RoundRobinServer | None:
         """The round server of a coordinated-reads task (None for other tasks)."""
         with self._lock:
             return self._round_robins.get(task_id)
 
-    def runners(self) -> List[TaskRunner]:
+    def runners(self) -> list[TaskRunner]:
         """The running tasks' runners, in task order."""
         with self._lock:
             return [self._runners[t] for t in sorted(self._runners)]
 
-    def running(self) -> List[int]:
+    def running(self) -> list[int]:
         """Ids of the running tasks, in order."""
         with self._lock:
             return sorted(self._runners)
 
-    def unreported(self) -> List[int]:
+    def unreported(self) -> list[int]:
         with self._lock:
             return sorted(self._unreported)
 
-    def mark_reported(self, task_ids: List[int]) -> None:
+    def mark_reported(self, task_ids: list[int]) -> None:
         with self._lock:
             self._unreported.difference_update(task_ids)
 
-    def wait_for(self, task_id: int, timeout_s: float) -> Optional[TaskRunner]:
+    def wait_for(self, task_id: int, timeout_s: float) -> TaskRunner | None:
         """The task's runner, waiting up to `timeout_s` for a task not heard of yet; None if
         it finished, never came, or the book closed."""
         deadline = time.monotonic() + timeout_s

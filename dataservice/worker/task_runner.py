@@ -14,7 +14,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
+from collections.abc import Callable
 
 import numpy as np
 
@@ -34,20 +34,20 @@ class ProductionTotals:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: Set["TaskRunner"] = set()
-        self._ended: Dict[str, List[float]] = {}
+        self._running: set[TaskRunner] = set()
+        self._ended: dict[str, list[float]] = {}
 
-    def add(self, runner: "TaskRunner") -> None:
+    def add(self, runner: TaskRunner) -> None:
         with self._lock:
             self._running.add(runner)
 
-    def ended(self, runner: "TaskRunner") -> None:
+    def ended(self, runner: TaskRunner) -> None:
         with self._lock:
             if runner in self._running:
                 self._running.discard(runner)
                 _add(self._ended, runner)
 
-    def by_dataset(self) -> Dict[str, Tuple[int, int, float]]:
+    def by_dataset(self) -> dict[str, tuple[int, int, float]]:
         """dataset id -> (elements, bytes, pipeline seconds)."""
         with self._lock:
             result = {d: list(t) for d, t in self._ended.items()}
@@ -56,7 +56,7 @@ class ProductionTotals:
         return {d: (int(t[0]), int(t[1]), float(t[2])) for d, t in result.items()}
 
 
-def _add(by_dataset: Dict[str, List[float]], runner: "TaskRunner") -> None:
+def _add(by_dataset: dict[str, list[float]], runner: TaskRunner) -> None:
     """Adds the runner's production to its dataset's [elements, bytes, seconds]."""
     totals = by_dataset.setdefault(runner.dataset_id, [0, 0, 0.0])
     totals[0] += runner.elements_produced
@@ -69,11 +69,11 @@ class TaskRunner:
         self,
         task_id: int,
         make_chunks: Callable[[], ChunkIterator],
-        codec: Optional[ElementCodec],
+        codec: ElementCodec | None,
         buffer_elements: int = DEFAULT_BUFFER_ELEMENTS,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         dataset_id: str = "",
-        totals: Optional[ProductionTotals] = None,
+        totals: ProductionTotals | None = None,
     ):
         self.task_id = task_id
         self.dataset_id = dataset_id
@@ -90,11 +90,11 @@ class TaskRunner:
         self._max_elements = buffer_elements
         self._max_bytes = buffer_bytes
         # Chunks and their bytes, oldest first; what they hold in all.
-        self._buffer: Deque[Tuple[Chunk, int]] = collections.deque()
+        self._buffer: collections.deque[tuple[Chunk, int]] = collections.deque()
         self._buffered_elements = 0
         self._buffered_bytes = 0
         self._exhausted = False
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
         self._stopped = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._produce, name=f"task-{task_id}", daemon=True)
@@ -162,7 +162,7 @@ class TaskRunner:
         self._buffered_elements += chunk.num_elements
         self._buffered_bytes += size
 
-    def _exhausted_error(self) -> Optional[BaseException]:
+    def _exhausted_error(self) -> BaseException | None:
         """The error the end of the pipeline's elements is, if it is one."""
         return None
 
@@ -170,7 +170,7 @@ class TaskRunner:
 
     def take(
         self, max_elements: int, max_bytes: int, timeout_s: float, linger_s: float = 0.0, trainer_id: str = ""
-    ) -> Tuple[List[Chunk], bool]:
+    ) -> tuple[list[Chunk], bool]:
         """Chunks of up to `max_elements` elements in all (at least one element, at most about
         `max_bytes`), and whether the task is done (every element taken). Each element goes to
         one caller; `trainer_id` is for the cross-trainer cache (cross_trainer_cache.py), not
@@ -196,7 +196,7 @@ class TaskRunner:
                 ),
                 linger_s,
             )
-            taken: List[Chunk] = []
+            taken: list[Chunk] = []
             count = taken_bytes = 0
             while self._buffer and count < max_elements:
                 chunk, size = self._buffer[0]
@@ -220,7 +220,7 @@ class TaskRunner:
                 raise self._error
             return taken, self._exhausted and not self._buffer
 
-    def buffered(self) -> Tuple[int, int]:
+    def buffered(self) -> tuple[int, int]:
         """(elements, bytes) produced and not yet taken by a client."""
         with self._cond:
             return self._buffered_elements, self._buffered_bytes

@@ -16,7 +16,7 @@ import logging
 import socket
 import ssl
 import threading
-from typing import Callable, Iterator, Optional, Set
+from collections.abc import Callable, Iterator
 
 from dataservice import status
 from dataservice.rpc import auth
@@ -66,10 +66,10 @@ class TcpTransferServer:
         self,
         stream_fn: StreamFn,
         listener: socket.socket,
-        auth_token: Optional[str] = None,
+        auth_token: str | None = None,
         server: str = "the worker",
-        ssl_context: Optional[ssl.SSLContext] = None,
-        rings: Optional[shared_memory.RingBudget] = None,
+        ssl_context: ssl.SSLContext | None = None,
+        rings: shared_memory.RingBudget | None = None,
     ):
         self._stream_fn = stream_fn
         self._ssl = ssl_context
@@ -80,7 +80,7 @@ class TcpTransferServer:
         address = self._listener.getsockname()
         self.port: int = address[1] if isinstance(address, tuple) else 0
         self._lock = threading.Lock()
-        self._connections: Set[socket.socket] = set()
+        self._connections: set[socket.socket] = set()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="tcp-transfer-accept", daemon=True)
 
@@ -156,7 +156,7 @@ class TcpTransferServer:
                 self._connections.discard(conn)
             _close(conn)
 
-    def _handshake(self, raw: socket.socket) -> Optional[socket.socket]:
+    def _handshake(self, raw: socket.socket) -> socket.socket | None:
         """The TLS connection over `raw`, or None if the client's handshake failed (logged) or
         took longer than HANDSHAKE_TIMEOUT_S."""
         raw.settimeout(HANDSHAKE_TIMEOUT_S)
@@ -188,13 +188,13 @@ class _MessageSender:
     shared memory when it has one (made with the first body, if the client asked for one of
     `ring_bytes` and `rings` allows it) and the body fits in it."""
 
-    def __init__(self, conn: socket.socket, rings: Optional[shared_memory.RingBudget], ring_bytes: int):
+    def __init__(self, conn: socket.socket, rings: shared_memory.RingBudget | None, ring_bytes: int):
         self._conn = conn
         self._budget = rings
         # Whether the next body may go into a ring (the client asked, none was refused).
         self._wants_ring = rings is not None and ring_bytes > 0
         self._ring_bytes = ring_bytes
-        self._ring: Optional[shared_memory.Ring] = None
+        self._ring: shared_memory.Ring | None = None
         # What the ring took of the budget (its slots may use a little less).
         self._ring_taken = 0
         self._ring_sent = False
@@ -225,7 +225,7 @@ class _MessageSender:
                 return
         tcp.send_parts(self._conn, wire.stream_message(header, buffers))
 
-    def _make_ring(self) -> Optional[shared_memory.Ring]:
+    def _make_ring(self) -> shared_memory.Ring | None:
         size = self._budget.take(self._ring_bytes)
         if not size:
             self._wants_ring = False  # this stream goes without

@@ -15,7 +15,7 @@ import logging
 import random
 import socket
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import tensorflow as tf
 
@@ -81,11 +81,11 @@ class WorkerServer:
         grpc_service.add_worker_service(self._server, servicer)
         # Ready (SERVING) once registered with the dispatcher.
         self._health = HealthReporter(self._server, [SERVICE_NAME])
-        self._monitoring: Optional[MonitoringServer] = None
+        self._monitoring: MonitoringServer | None = None
         # Clients read elements over TCP where the worker offers it (else over gRPC, at self.address).
-        self._tcp: Optional[TcpTransferServer] = None
+        self._tcp: TcpTransferServer | None = None
         self.transfer_address = self.address
-        self._unix: Optional[TcpTransferServer] = None
+        self._unix: TcpTransferServer | None = None
         self._rings = shared_memory.RingBudget()
         if config.data_transfer_protocol == tcp.PROTOCOL:
             self._tcp = TcpTransferServer(
@@ -118,7 +118,7 @@ class WorkerServer:
         self._datasets = DatasetCache(self._fetch_dataset_def)
         self._snapshot_writers = SnapshotWriters(self.address, self._uid, self._dispatcher, self._datasets)
         self._stopped = threading.Event()
-        self._heartbeat_thread: Optional[threading.Thread] = None
+        self._heartbeat_thread: threading.Thread | None = None
         if start:
             self.start()
 
@@ -177,11 +177,11 @@ class WorkerServer:
         return self._port
 
     @property
-    def monitoring_port(self) -> Optional[int]:
+    def monitoring_port(self) -> int | None:
         """The bound port of /metrics; None without monitoring_port."""
         return self._monitoring.port if self._monitoring is not None else None
 
-    def __enter__(self) -> "WorkerServer":
+    def __enter__(self) -> WorkerServer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -284,14 +284,14 @@ class WorkerServer:
         if self._tasks.is_known(task.task_id):
             return
         try:
-            codec: Optional[ElementCodec] = self._datasets.codec(task.dataset_id)
+            codec: ElementCodec | None = self._datasets.codec(task.dataset_id)
             make_chunks = functools.partial(self._task_elements, task)
         except status.ServiceError as e:
             # The worker will not run the dataset: the task starts and fails with the reason,
             # which its clients raise.
             codec, make_chunks = None, functools.partial(_raise, e)
 
-        def start() -> Tuple[TaskRunner, Optional[RoundRobinServer]]:
+        def start() -> tuple[TaskRunner, RoundRobinServer | None]:
             if task.use_cross_trainer_cache:
                 runner: TaskRunner = CachingTaskRunner(
                     task.task_id,
@@ -353,7 +353,7 @@ class WorkerServer:
             # A restored iterator's task: its consumer had taken these before the checkpoint.
             dataset = dataset.skip(task.skip_elements)
         # A rebuilt graph's function must outlive the dataset's iterator.
-        dataset._dataservice_keepalive = keepalive  # pylint: disable=protected-access
+        dataset._dataservice_keepalive = keepalive
         return self._datasets.chunk_iterator(task.dataset_id, dataset, max_chunk)
 
     def _delete_task(self, task_id: int) -> None:
@@ -362,11 +362,11 @@ class WorkerServer:
             runner.stop()
             log.info("task stopped by the dispatcher", extra=ids(task_id=task_id, worker=self.address))
 
-    def running_tasks(self) -> List[int]:
+    def running_tasks(self) -> list[int]:
         """Ids of the tasks whose pipelines run on this worker now."""
         return self._tasks.running()
 
-    def _metrics_data(self) -> Dict[str, Any]:
+    def _metrics_data(self) -> dict[str, Any]:
         runners = self._tasks.runners()
         buffered = [runner.buffered() for runner in runners]
         sent, open_streams = self._streams.transfer.snapshot()

@@ -90,7 +90,7 @@ def test_trainers_in_step_each_read_every_element_produced_once(cluster):
         t.join(120)
     assert all(results[f"t{i}"] == list(range(2000)) for i in range(4))
     (worker,) = cluster.workers
-    (runner,) = worker._tasks.runners()  # pylint: disable=protected-access
+    (runner,) = worker._tasks.runners()
     # 8,000 elements consumed; the worker produced each once (not 8,000), plus its read-ahead and
     # what the clients' 8 outstanding requests took beyond the 2,000 (at most 8 each, some slack).
     assert runner.elements_consumed >= 8000

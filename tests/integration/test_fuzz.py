@@ -11,7 +11,7 @@ import random
 import socket
 import struct
 import time
-from typing import Iterator, List
+from collections.abc import Iterator
 
 import grpc
 import psutil
@@ -104,7 +104,7 @@ def _call_unary(channel: grpc.Channel, method: str, data: bytes) -> None:
         assert e.code() != grpc.StatusCode.INTERNAL or "failed:" in (e.details() or ""), e.details()
 
 
-def _call_stream(channel: grpc.Channel, method: str, requests: List[bytes]) -> None:
+def _call_stream(channel: grpc.Channel, method: str, requests: list[bytes]) -> None:
     call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)
     try:
         for _ in call(iter(requests), timeout=0.25):

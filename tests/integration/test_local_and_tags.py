@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _sent(worker):
-    sent, _ = worker._streams.transfer.snapshot()  # pylint: disable=protected-access
+    sent, _ = worker._streams.transfer.snapshot()
     return sent
 
 
@@ -82,9 +82,9 @@ def test_worker_tags_reach_the_dispatcher_and_are_checked(tmp_path):
     cluster = in_process_cluster(0)
     try:
         cluster.add_worker(worker_tags=["COLOCATED", "rack-3"])
-        workers = cluster.dispatcher._core.status()["workers"]  # pylint: disable=protected-access
+        workers = cluster.dispatcher._core.status()["workers"]
         assert len(workers) == 1
-        state_worker = cluster.dispatcher._core._state.workers()[0]  # pylint: disable=protected-access
+        state_worker = cluster.dispatcher._core._state.workers()[0]
         assert state_worker.tags == ["COLOCATED", "rack-3"]
     finally:
         cluster.stop()

@@ -11,7 +11,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Dict, List
 
 import grpc
 import pytest
@@ -203,11 +202,11 @@ def test_dispatcher_is_not_serving_while_it_replays_its_journal(tmp_path):
     config = dataservice.DispatcherConfig(
         port=port, work_dir=str(tmp_path), fault_tolerant_mode=True, monitoring_port=monitoring_port
     )
-    servers: List[dataservice.DispatchServer] = []
+    servers: list[dataservice.DispatchServer] = []
     threading.Thread(target=lambda: servers.append(dataservice.DispatchServer(config)), daemon=True).start()
-    seen: List[str] = []
-    refused_while_replaying: List[str] = []
-    http_while_replaying: Dict[str, int] = {}
+    seen: list[str] = []
+    refused_while_replaying: list[str] = []
+    http_while_replaying: dict[str, int] = {}
     deadline = time.monotonic() + 60
     with grpc.insecure_channel(f"localhost:{port}") as channel:
         stub = dispatcher_pb2_grpc.DispatcherServiceStub(channel)
@@ -239,14 +238,14 @@ def test_dispatcher_is_not_serving_while_it_replays_its_journal(tmp_path):
             server.stop()
 
 
-def _read_lines(proc: subprocess.Popen, sink: List[str]) -> None:
+def _read_lines(proc: subprocess.Popen, sink: list[str]) -> None:
     for line in proc.stderr:
         sink.append(line)
 
 
 def test_processes_serve_metrics_status_and_json_logs(processes):
     dispatcher = processes("--role=dispatcher", "--port=0", "--log_format=json")
-    logs: List[str] = dispatcher.stderr_lines
+    logs: list[str] = dispatcher.stderr_lines
     worker = processes("--role=worker", "--port=0", f"--dispatcher_address={dispatcher.address}")
     assert dispatcher.monitoring_port and worker.monitoring_port
     wait_for_workers(dispatcher.address, 1)

@@ -77,7 +77,7 @@ def test_sparse_elements(cluster):
     )
     ds = _distribute(source, cluster)
     assert ds.element_spec == source.element_spec
-    got = sorted((tf.sparse.to_dense(e).numpy().tolist() for e in ds))
+    got = sorted(tf.sparse.to_dense(e).numpy().tolist() for e in ds)
     assert got == sorted(tf.sparse.to_dense(e).numpy().tolist() for e in source)
 
 

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import time
-from typing import Dict, List, Optional
 
 import pytest
 import tensorflow as tf
@@ -54,11 +53,11 @@ class _Dom(html.parser.HTMLParser):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cells: Dict[str, List[str]] = {}
-        self.progress: List[str] = []
+        self.cells: dict[str, list[str]] = {}
+        self.progress: list[str] = []
         self.polylines = 0
-        self.texts: List[str] = []
-        self._section: Optional[str] = None
+        self.texts: list[str] = []
+        self._section: str | None = None
         self._in_cell = False
         self._skip = 0  # inside <script> or <style>
 

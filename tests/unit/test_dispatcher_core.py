@@ -2,7 +2,6 @@
 collection, driven request by request on a fake clock."""
 
 import json
-from typing import List, Tuple
 
 import pytest
 import tensorflow as tf
@@ -32,8 +31,8 @@ class FakeClock:
 
 class RecordingNotifier:
     def __init__(self) -> None:
-        self.tasks: List[Tuple[str, int]] = []
-        self.datasets: List[Tuple[str, str]] = []
+        self.tasks: list[tuple[str, int]] = []
+        self.datasets: list[tuple[str, str]] = []
 
     def process_task(self, worker_address, task) -> None:
         self.tasks.append((worker_address, task.task_id))
@@ -69,7 +68,7 @@ def register(core: DispatcherCore, dataset: tf.data.Dataset, prepare_workers: bo
     return core.register_dataset(request).dataset_id
 
 
-def heartbeat(core: DispatcherCore, worker: str, current: Tuple[int, ...] = (), uid: int = 0, snapshot_chunks=()):
+def heartbeat(core: DispatcherCore, worker: str, current: tuple[int, ...] = (), uid: int = 0, snapshot_chunks=()):
     chunks = [dispatcher_pb2.SnapshotChunkRef(path=path, chunk_index=index) for path, index in snapshot_chunks]
     return core.worker_heartbeat(
         dispatcher_pb2.WorkerHeartbeatRequest(
@@ -98,7 +97,7 @@ def client_heartbeat(core, client_id, current_round=0):
     )
 
 
-def splits(core, iteration_id, task_id, index, repetition=0, max_splits=0) -> Tuple[int, int, bool]:
+def splits(core, iteration_id, task_id, index, repetition=0, max_splits=0) -> tuple[int, int, bool]:
     response = core.get_splits(
         dispatcher_pb2.GetSplitsRequest(
             iteration_id=iteration_id,
@@ -277,7 +276,7 @@ def test_job_gc_timeout_minus_one_keeps_named_iterations_for_good(clock, notifie
         core.collect_garbage()
     # The anonymous iteration ended with its client; the named one waits for another.
     assert core.summary()["unfinished_iterations"] == 1
-    assert [t.task_id for t in core._state.active_tasks_of_worker("w1:1")] == [1]  # noqa: SLF001
+    assert [t.task_id for t in core._state.active_tasks_of_worker("w1:1")] == [1]
 
 
 def test_a_silent_client_is_released_and_a_live_one_kept(clock, notifier):

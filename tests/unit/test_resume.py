@@ -75,7 +75,7 @@ def test_distributed_epoch_resume_replays_each_task_then_hands_out_the_rest(cloc
 
     resumed = resume(core, dataset_id, DYNAMIC, {t1: 40, t2: 7})
     assert resumed.repetition == 0 and resumed.iteration_id != iteration.iteration_id
-    state = core._state  # noqa: SLF001 - the test reads the state the core keeps
+    state = core._state
     new_tasks = [state.task(t) for t in resumed.task_ids]
     assert sorted(t.skip_elements for t in new_tasks) == [7, 40]
     assert sorted(t.worker_address for t in new_tasks) == ["w1:1", "w2:1"]
@@ -102,12 +102,12 @@ def test_a_resumed_iteration_resumes_again_and_survives_a_snapshot(clock, notifi
     # The resumed task takes one of its two replayed ranges and one is still to come, when the
     # trainer is killed again: the next resume replays both, and skips what both saves had taken.
     assert splits(core, once.iteration_id, replaying, 0)[:2] == first[0]
-    rebuilt = DispatcherState.replay(core._state.to_updates())  # noqa: SLF001
+    rebuilt = DispatcherState.replay(core._state.to_updates())
     rebuilt.validate()
-    assert rebuilt.task(replaying).replay == core._state.task(replaying).replay  # noqa: SLF001
+    assert rebuilt.task(replaying).replay == core._state.task(replaying).replay
     twice = resume(core, dataset_id, DYNAMIC, {replaying: 5})
     (again,) = twice.task_ids
-    assert core._state.task(again).skip_elements == 15  # noqa: SLF001
+    assert core._state.task(again).skip_elements == 15
     assert drain(core, twice.iteration_id, again)[:2] == first
 
 
@@ -119,7 +119,7 @@ def test_parallel_epochs_resume_continues_each_stream_on_its_worker(clock, notif
     iteration = start_iteration(core, dataset_id)
     tasks = tasks_by_worker(core, iteration.iteration_client_id)
     resumed = resume(core, dataset_id, OFF, {tasks["w1:1"]: 30, tasks["w2:1"]: 12})
-    placed = {core._state.task(t).worker_address: core._state.task(t).skip_elements for t in resumed.task_ids}  # noqa: SLF001
+    placed = {core._state.task(t).worker_address: core._state.task(t).skip_elements for t in resumed.task_ids}
     assert placed == {"w1:1": 30, "w2:1": 12}
     # The workers are told, with the elements to skip.
     assert {w for w, t in notifier.tasks if t in resumed.task_ids} == {"w1:1", "w2:1"}
@@ -134,7 +134,7 @@ def test_resume_prefers_workers_heard_from_lately(clock, notifier):
     clock.advance(10)  # the old worker was killed with the trainer; a new one came up
     heartbeat(core, "new:1")
     resumed = resume(core, dataset_id, OFF, {task: 3})
-    assert [core._state.task(t).worker_address for t in resumed.task_ids] == ["new:1"]  # noqa: SLF001
+    assert [core._state.task(t).worker_address for t in resumed.task_ids] == ["new:1"]
 
 
 def test_a_lost_replaying_task_keeps_its_input_for_the_next_resume(clock, notifier):
@@ -150,12 +150,12 @@ def test_a_lost_replaying_task_keeps_its_input_for_the_next_resume(clock, notifi
     clock.advance(3)
     heartbeat(core, "w2:1")
     core.collect_garbage()  # w1 is lost: its replay task with it
-    assert core._state.task(replaying).lost  # noqa: SLF001
+    assert core._state.task(replaying).lost
     # Nothing of its input went to another task (its consumer had taken some of it) ...
-    assert not core._state.iteration(once.iteration_id).returned_splits  # noqa: SLF001
+    assert not core._state.iteration(once.iteration_id).returned_splits
     # ... a later resume replays all of it.
     twice = resume(core, dataset_id, DYNAMIC, {replaying: 0})
-    replays = [t for t in twice.task_ids if core._state.task(t).skip_elements == 20]  # noqa: SLF001
+    replays = [t for t in twice.task_ids if core._state.task(t).skip_elements == 20]
     assert len(replays) == 1 and drain(core, twice.iteration_id, replays[0])[:2] == saved
 
 
@@ -199,7 +199,7 @@ def test_resume_is_journaled_and_snapshots_keep_what_it_needs(clock, notifier, t
     (new_task,) = resumed.task_ids
     assert rebuilt.task(new_task).skip_elements == 4
     assert rebuilt.task(new_task).replay == {(0, 0): saved}
-    assert rebuilt.task(task).received == core._state.task(task).received  # noqa: SLF001
+    assert rebuilt.task(task).received == core._state.task(task).received
     assert rebuilt.iteration(resumed.iteration_id).resumes_iteration_id == iteration.iteration_id
 
 
