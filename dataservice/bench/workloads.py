@@ -29,7 +29,7 @@ TensorFlow's workers run as processes of their own, as ours do (`data-server`
 processes), as they would in production; its dispatcher runs in this process
 (it is not on the data path). The client of each runs in this process, with
 the allocator settings a dataservice client applies when it reads large
-elements (`dataservice/allocator.py`) set from the start, so that both
+elements (`dataservice/transfer/allocator.py`) set from the start, so that both
 services' clients run under the same ones. Every server runs on this host:
 our client would pick the same-host transport for all of them, so the
 workloads that stand for a worker on another host ask ours for TCP.

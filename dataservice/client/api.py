@@ -313,7 +313,7 @@ def _coordinated_dataset(
     specs = tuple(codec.component_specs) if composite else element_spec
     # Types and shapes rather than output_signature: TensorFlow then calls the generator through
     # numpy_function with light checks, instead of eager_py_func and a conversion of every value
-    # to an eager tensor (which took 180-500 us an element; see _from_generator in TensorFlow).
+    # to an eager tensor (see _from_generator in TensorFlow; README, "Figures behind the defaults").
     with tf_internal.deprecation_warnings_silenced():
         dataset = tf.data.Dataset.from_generator(
             generate,

@@ -4,10 +4,8 @@ glibc's defaults suit programs that allocate little: memory freed at the top
 of the heap goes back to the OS once 128 KiB are free, and allocations above
 an adaptive threshold get fresh mmaps. A worker moving MiB-sized elements
 allocates and frees several buffers of that size per element, so with the
-defaults it spends most of its time faulting fresh pages in. Measured on a
-2-core machine, iterating, encoding and serializing 1 MiB elements after a
-pipeline of large batches had run: 190 MB/s with the defaults, 2,200 MB/s
-with freed memory kept. A worker's memory is bounded by its buffers anyway;
+defaults it spends most of its time faulting fresh pages in (README,
+"Figures behind the defaults"). A worker's memory is bounded by its buffers anyway;
 keeping up to TRIM_THRESHOLD_BYTES of it free for reuse is the price.
 
 `data-server` workers call it at start. A client process calls it once,
@@ -15,9 +13,7 @@ when it first reads elements of a quarter MiB or more, unless
 DATASERVICE_KEEP_FREED_MEMORY=0 is set: tf.data's generator op (the client's
 entry into tf.data) itself lowers glibc's trim threshold to 128 KiB on first
 use, and with that every MiB-sized tensor the client hands to tf.data is
-faulted in afresh. Measured on a 2-core machine, 1 MiB elements through
-from_generator: 410 MB/s as TensorFlow leaves the allocator, 1,650-1,900 MB/s
-with freed memory kept. The top pad and mmap threshold keep working after
+faulted in afresh. The top pad and mmap threshold keep working after
 TensorFlow's change of the trim threshold, whichever comes first.
 """
 

@@ -17,7 +17,7 @@ component of the element spec (tf.nest.flatten with composites expanded):
 Everything is numpy and nothing here imports TensorFlow: the worker fills
 chunks from its pipeline, the wire codec (wire.py) sends their buffers as
 they are, and the client hands the received columns to tf.data, which
-rebuilds the elements in its own graph (client/chunk_dataset.py).
+rebuilds the elements in its own graph (client/chunk_layout.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The worker's data methods with framed responses: the server's handlers and the client's stub.
 
-StreamElements and GetElement answer frames (dataservice/wire.py): the
+StreamElements and GetElement answer frames (dataservice/transfer/wire.py): the
 handlers return bytes that gRPC sends as they are, and the client receives
 the bytes without protobuf parsing them, so tensor buffers are never copied
 through a protobuf message. ProcessTask and PrepareDataset, which the

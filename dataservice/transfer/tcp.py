@@ -9,8 +9,7 @@ elements those copies and the hand-offs between gRPC's threads cost the
 client more than the rest of its work. Here the worker sends the arrays'
 own memory (sendmsg) and the client receives each message body straight into
 aligned memory (recv_into) that its tensors are views of: the kernel's copy
-is the only one. Measured on a 2-core machine, 1 MiB messages between two
-processes: 2.6-3.0 GB/s with 0.2 ms of client CPU a message.
+is the only one (README's benchmarks give what that buys).
 
 One connection per task stream:
     client -> worker: requests, each `u32 size | StreamElementsRequest`; the

@@ -72,7 +72,7 @@ class WorkerServiceServicer:
         many per response as fit its size budget. The stream ends after a
         response with end_of_sequence set.
         Each response is a frame: a StreamElementsResponse header followed by
-        its tensors' buffers (dataservice/wire.py), not a plain serialized message.
+        its tensors' buffers (dataservice/transfer/wire.py), not a plain serialized message.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -2,8 +2,8 @@
 
 Starting a task's pipeline costs a GetDatasetDef round trip, importing the
 graph, and at the first iterator TensorFlow's static optimizations of the
-pipeline (measured on a 2-core machine: 15-25 ms for the first iterator of a
-dataset object, 8-12 ms for later ones). So a worker keeps the datasets it
+pipeline (more for the first iterator of a dataset object than for later
+ones; README, "Figures behind the defaults"). So a worker keeps the datasets it
 has built: parallel_epochs tasks iterate the same dataset object again, as a
 local training loop iterates one dataset every epoch (`cache()` behaves as
 it does locally). A pipeline with a seeded shuffle is the exception: each

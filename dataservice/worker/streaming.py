@@ -32,9 +32,8 @@ _TAKE_POLL_S = 0.5
 # How long a stream waits for more elements before it sends a partial message (after
 # the first, which goes out at once). The producer keeps filling the task's buffer
 # meanwhile, so a slow pipeline loses no throughput, only up to this much latency;
-# every message saved is one receive and one call into Python less on the client.
-# Measured with 4 workers of a 2 ms/element pipeline: 5 ms (3 elements a message)
-# took 0.37 of a client core, 20 ms (10 a message) 0.16, at the same or a higher rate.
+# every message saved is one receive and one call into Python less on the client
+# (README, "Figures behind the defaults").
 LINGER_S = 0.02
 
 # Coordinated reads: how long a GetElement waits for the other consumers before
