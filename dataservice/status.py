@@ -31,6 +31,19 @@ class Code(enum.IntEnum):
     UNAUTHENTICATED = 16
 
 
+# Codes after which the same call may succeed: the server is (re)starting, overloaded, or
+# the connection dropped.
+RETRYABLE = frozenset({Code.UNAVAILABLE, Code.ABORTED})
+
+
+def code_of_number(value: int | None) -> Code:
+    """The code numbered `value` (as a transport carries it), else UNKNOWN."""
+    try:
+        return Code(value)
+    except ValueError:
+        return Code.UNKNOWN
+
+
 class ServiceError(Exception):
     """Raised by a service to answer with `code` and a message the user can act on."""
 

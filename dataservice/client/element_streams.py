@@ -2,8 +2,8 @@
 (transfer/local.py), over a Unix socket (with a ring of shared memory) from a worker on this
 host, over the worker's TCP data transfer, or over gRPC.
 
-All yield (StreamElementsResponse, buffers to decode) and fail with a grpc.RpcError
-(errors.RemoteError for the others), so the reader handles them alike.
+All yield (StreamElementsResponse, buffers to decode) and fail with a status.ServiceError
+(GrpcElementStream turns gRPC's errors into it), so the reader handles them alike.
 """
 
 from __future__ import annotations
@@ -79,8 +79,11 @@ class GrpcElementStream:
         self._call = grpc_service.WorkerDataStub(shared_channels.acquire(address, tls)).StreamElements(requests)
 
     def __iter__(self) -> Iterator[Response]:
-        for data in self._call:
-            yield wire.unframe(data, worker_pb2.StreamElementsResponse)
+        try:
+            for data in self._call:
+                yield wire.unframe(data, worker_pb2.StreamElementsResponse)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -101,13 +104,10 @@ class LocalElementStream:
         self._responses = serve(first, self._requests, lambda: not self._cancelled.is_set())
 
     def __iter__(self) -> Iterator[tuple[worker_pb2.StreamElementsResponse, local.BufferList]]:
-        try:
-            for response, buffers in self._responses:
-                yield response, local.BufferList(buffers)
-        except status.ServiceError as e:
-            raise errors.RemoteError(errors.grpc_code(e.code), e.message) from None
+        for response, buffers in self._responses:
+            yield response, local.BufferList(buffers)
         if self._cancelled.is_set():
-            raise errors.RemoteError(grpc.StatusCode.CANCELLED, "the local stream was cancelled")
+            raise status.ServiceError(status.Code.CANCELLED, "the local stream was cancelled")
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -140,9 +140,9 @@ class TcpElementStream:
             return tcp.connect(address, CONNECT_TIMEOUT_S, tls)
         except ssl.SSLError as e:
             reason = diagnose(address, tls) or f"the TLS handshake failed: {e}"
-            raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {reason}") from None
+            raise status.unavailable(f"cannot connect to {address}: {reason}") from None
         except OSError as e:
-            raise errors.RemoteError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}: {e}") from None
+            raise status.unavailable(f"cannot connect to {address}: {e}") from None
 
     def _first(self, request: worker_pb2.StreamElementsRequest) -> worker_pb2.StreamElementsRequest:
         """The first request as this transfer sends it."""
@@ -176,11 +176,9 @@ class TcpElementStream:
             try:
                 response, buffers = self._receive()
             except OSError as e:
-                raise errors.RemoteError(
-                    grpc.StatusCode.UNAVAILABLE, f"the data connection to {self._address} broke: {e}"
-                ) from None
+                raise status.unavailable(f"the data connection to {self._address} broke: {e}") from None
             if response.error_code:
-                raise errors.RemoteError(errors.status_code(response.error_code), response.error_message)
+                raise status.ServiceError(status.code_of_number(response.error_code), response.error_message)
             yield response, buffers
             if response.end_of_sequence:
                 return

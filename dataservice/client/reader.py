@@ -18,9 +18,9 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 
-import grpc
 import tensorflow as tf
 
+from dataservice import status
 from dataservice.client.credits import CreditLedger
 from dataservice.client.element_streams import ElementStream, open_stream
 from dataservice.client.reading_meter import ReadingMeter
@@ -306,12 +306,12 @@ class _TaskStream:
                     f"{self._task.worker_address} ended without an end of sequence",
                 )
                 retry = True
-            except grpc.RpcError as e:
+            except status.ServiceError as e:
                 if reader.stopped.is_set():
                     return
                 where = f"reading task {self._task.task_id} from worker {self._task.worker_address}"
                 error = errors.to_tf_error(e, where)
-                retry = e.code() in errors.RETRYABLE_CODES
+                retry = e.code in status.RETRYABLE
             except ValueError as e:  # a message that does not decode (wire.py checks every size)
                 error = tf.errors.DataLossError(
                     None,

@@ -3,9 +3,9 @@
 - handler(): the decorator of unary servicer methods that turns a
   status.ServiceError (or any unexpected exception) into a gRPC status
   instead of a dead server thread; grpc_code() maps a status.Code;
-- RemoteError: a status that reached a client outside gRPC (the TCP data
-  transfer), handled as gRPC's are;
-- to_tf_error(): the TensorFlow error class of a status, as clients raise it.
+- from_rpc_error(): a failed gRPC call as a status.ServiceError, the data
+  path's one error type whatever the transport;
+- to_tf_error(): the TensorFlow error class of either, as clients raise it.
 """
 
 from __future__ import annotations
@@ -41,20 +41,11 @@ _TF_ERRORS = {
 }
 
 
-class RemoteError(grpc.RpcError):
-    """A status that reached the client outside gRPC (the TCP data transfer), with
-    grpc.RpcError's code() and details() so that it is handled as gRPC's are."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
+def from_rpc_error(error: grpc.RpcError) -> status.ServiceError:
+    """What a gRPC call failed with, in the data path's transport-free terms."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    return status.ServiceError(status.code_of_number(code.value[0]), details or "")
 
 
 def status_code(value: int | None) -> grpc.StatusCode:
@@ -87,9 +78,9 @@ def handler(method: Callable) -> Callable:
     return wrapped
 
 
-def to_tf_error(error: grpc.RpcError, what: str) -> tf.errors.OpError:
+def to_tf_error(error: grpc.RpcError | status.ServiceError, what: str) -> tf.errors.OpError:
     """A TensorFlow error with the status code of `error`, prefixed by what was attempted."""
-    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-    details = error.details() if hasattr(error, "details") else str(error)
-    cls = _TF_ERRORS.get(code, tf.errors.UnknownError)
-    return cls(None, None, f"{what}: {details}")
+    if not isinstance(error, status.ServiceError):
+        error = from_rpc_error(error)
+    cls = _TF_ERRORS.get(grpc_code(error.code), tf.errors.UnknownError)
+    return cls(None, None, f"{what}: {error.message}")

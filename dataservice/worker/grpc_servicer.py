@@ -8,7 +8,9 @@ the call's gRPC status.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import grpc
 
 from dataservice import status
 from dataservice.rpc import errors
@@ -46,8 +48,9 @@ class WorkerServicer:
         request = next(request_iterator, None)
         if request is None:
             return
+        later = _until_broken(request_iterator)
         try:
-            for header, buffers in streaming.stream_task(self._streams, request, request_iterator, context.is_active):
+            for header, buffers in streaming.stream_task(self._streams, request, later, context.is_active):
                 yield wire.frame(header, buffers)
         except status.ServiceError as e:
             context.abort(errors.grpc_code(e.code), e.message)
@@ -58,3 +61,12 @@ class WorkerServicer:
         except status.ServiceError as e:
             context.abort(errors.grpc_code(e.code), e.message)
         return wire.frame(header, buffers)
+
+
+def _until_broken(requests: Iterator[worker_pb2.StreamElementsRequest]) -> Iterator[worker_pb2.StreamElementsRequest]:
+    """The client's later requests until the call ends, cancelled or broken (gRPC raises then):
+    the transport-free stream logic sees an end, as from the other transfers."""
+    try:
+        yield from requests
+    except grpc.RpcError:
+        return

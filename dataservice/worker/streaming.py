@@ -14,7 +14,6 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 
-import grpc
 from google.protobuf.message import Message
 
 from dataservice import status
@@ -279,8 +278,8 @@ class _Credits:
                 with self._cond:
                     self._available += max(0, request.credits)
                     self._cond.notify_all()
-        except (grpc.RpcError, ValueError):
-            pass  # the stream was cancelled, or its requests broke off: the sending side sees it too
+        except ValueError:
+            pass  # requests that broke off (the transfer's BadRequest): the sending side sees it too
         finally:
             self.close()
 
