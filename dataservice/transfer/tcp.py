@@ -37,6 +37,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -126,18 +127,30 @@ class TlsStream:
     def __init__(self, sock: ssl.SSLSocket):
         self._sock = sock
         self._lock = threading.Lock()
+        self._timeout_s: float | None = None
         sock.setblocking(False)
 
+    def _deadline(self) -> float | None:
+        return None if self._timeout_s is None else time.monotonic() + self._timeout_s
+
+    @staticmethod
+    def _check(deadline: float | None) -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError("timed out")
+
     def recv_into(self, view: memoryview) -> int:
+        deadline = self._deadline()
         while True:
             with self._lock:
                 try:
                     return self._sock.recv_into(view)
                 except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     pass
+            self._check(deadline)
             select.select([self._sock], [], [], self.POLL_S)
 
     def sendall(self, data) -> None:
+        deadline = self._deadline()
         view = memoryview(data).cast("B")
         while view:
             with self._lock:
@@ -148,6 +161,7 @@ class TlsStream:
             if sent:
                 view = view[sent:]
             else:
+                self._check(deadline)
                 select.select([], [self._sock], [], self.POLL_S)
 
     def shutdown(self, how: int) -> None:
@@ -157,7 +171,9 @@ class TlsStream:
         self._sock.close()
 
     def settimeout(self, timeout: float | None) -> None:
-        """Reads and writes wait for the socket (see the class); a timeout is not applied."""
+        """Each later read or write raises TimeoutError once it has waited `timeout` seconds
+        (to within POLL_S); None: they wait as long as it takes."""
+        self._timeout_s = timeout
 
     def __enter__(self) -> TlsStream:
         return self

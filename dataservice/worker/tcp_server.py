@@ -3,8 +3,12 @@ abstract Unix socket for clients on the worker's host.
 
 One thread accepts connections; each connection is one task stream, served
 on a thread of its own by streaming.stream_task, as gRPC's StreamElements is.
-At most MAX_STREAMS are served at once: a client over the limit is told
-UNAVAILABLE and retries, as it would on an overloaded gRPC server. A Unix
+A connection takes one of MAX_STREAMS stream slots only once its first
+request has authenticated it, which it must send within FIRST_REQUEST_TIMEOUT_S
+(after the TLS handshake, itself bounded); until then it is one of at most
+MAX_PENDING, so connections that never send a token cannot lock clients out.
+A client over either limit is told UNAVAILABLE and retries, as it would on an
+overloaded gRPC server. A Unix
 stream whose client asks for it carries its message bodies in a ring of
 shared memory (transfer/shared_memory.py), unless TLS is on (the ring's
 descriptor cannot travel over TLS) or the worker's rings are at their limit.
@@ -27,6 +31,9 @@ from dataservice.worker import streaming
 log = logging.getLogger(__name__)
 
 MAX_STREAMS = 256
+# Connections that have not authenticated yet, and how long each has to.
+MAX_PENDING = 1024
+FIRST_REQUEST_TIMEOUT_S = 10.0
 # A ring's slots hold a message body of the largest usual size (streaming.py), with its padding.
 _RING_SLOT_BYTES = streaming.MAX_BYTES_PER_MESSAGE + 64 * 1024
 # How long a client may take over its TLS handshake.
@@ -81,6 +88,8 @@ class TcpTransferServer:
         self.port: int = address[1] if isinstance(address, tuple) else 0
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
+        self._pending = 0  # connections without a first request yet
+        self._streams = 0  # authenticated connections (stream slots taken)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="tcp-transfer-accept", daemon=True)
 
@@ -110,15 +119,18 @@ class TcpTransferServer:
                     return
                 continue  # e.g. too many open files for a moment
             with self._lock:
-                over = len(self._connections) >= MAX_STREAMS
+                over = self._pending >= MAX_PENDING
                 if not over:
+                    self._pending += 1
                     self._connections.add(conn)
             if over:
-                threading.Thread(target=self._refuse, args=(conn,), daemon=True).start()
+                message = f"the worker has {MAX_PENDING} connections waiting for their first request: retry later"
+                threading.Thread(target=self._refuse, args=(conn, message), daemon=True).start()
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="tcp-transfer-stream", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        streaming_slot = False
         try:
             tcp.configure(conn)
             if self._ssl is not None:
@@ -126,6 +138,7 @@ class TcpTransferServer:
                 if secured is None:
                     return
                 conn = secured
+            conn.settimeout(FIRST_REQUEST_TIMEOUT_S)
             requests = tcp.read_requests(conn)
             try:
                 request = next(requests, None)
@@ -138,6 +151,12 @@ class TcpTransferServer:
             refused = auth.failure(request.auth_token, self._auth_token, self._server)
             if refused is not None:
                 _send_error(conn, status.Code.UNAUTHENTICATED, refused)
+                return
+            conn.settimeout(None)
+            streaming_slot = self._take_stream_slot()
+            if not streaming_slot:
+                message = f"the worker serves {MAX_STREAMS} data streams already: retry later"
+                _send_error(conn, status.Code.UNAVAILABLE, message)
                 return
             sender = _MessageSender(conn, self._rings, request.shared_memory_bytes)
             try:
@@ -154,7 +173,20 @@ class TcpTransferServer:
         finally:
             with self._lock:
                 self._connections.discard(conn)
+                if streaming_slot:
+                    self._streams -= 1
+                else:
+                    self._pending -= 1
             _close(conn)
+
+    def _take_stream_slot(self) -> bool:
+        """An authenticated connection's stream slot (no longer pending), if one is free."""
+        with self._lock:
+            if self._streams >= MAX_STREAMS:
+                return False
+            self._streams += 1
+            self._pending -= 1
+            return True
 
     def _handshake(self, raw: socket.socket) -> socket.socket | None:
         """The TLS connection over `raw`, or None if the client's handshake failed (logged) or
@@ -172,11 +204,10 @@ class TcpTransferServer:
         return conn
 
     @staticmethod
-    def _refuse(conn: socket.socket) -> None:
+    def _refuse(conn: socket.socket, message: str) -> None:
         try:
-            _send_error(
-                conn, status.Code.UNAVAILABLE, f"the worker serves {MAX_STREAMS} data streams already: retry later"
-            )
+            conn.settimeout(FIRST_REQUEST_TIMEOUT_S)
+            _send_error(conn, status.Code.UNAVAILABLE, message)
         except OSError:
             pass
         finally:

@@ -17,7 +17,7 @@ from dataservice.rpc import errors
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import tcp
 from dataservice.v1 import worker_pb2
-from dataservice.worker import streaming
+from dataservice.worker import streaming, tcp_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -184,3 +184,24 @@ def test_streams_per_client_are_bounded(cluster):
         for sock in open_streams:
             sock.close()
     del iterator
+
+
+def test_connections_without_a_request_take_no_stream_slot_and_are_closed(cluster, monkeypatch):
+    """The attack: connect and send nothing, as many times as there are stream slots. Such
+    connections take a slot only once authenticated, and are closed after FIRST_REQUEST_TIMEOUT_S."""
+    monkeypatch.setattr(tcp_server, "MAX_STREAMS", 4)
+    monkeypatch.setattr(tcp_server, "FIRST_REQUEST_TIMEOUT_S", 0.5)
+    address = tcp.transfer_address(cluster.workers[0].transfer_address)
+    idle = [tcp.connect(address, 10) for _ in range(8)]
+    try:
+        with tcp.connect(address, 10) as sock:
+            tcp.send_request(sock, worker_pb2.StreamElementsRequest(task_id=424242, credits=1))
+            response, _ = tcp.recv_response(sock)
+        # It reached the stream logic (an unknown task), not "serves 4 data streams already".
+        assert "no task 424242" in response.error_message, response.error_message
+        for sock in idle:
+            sock.settimeout(10)
+            assert sock.recv(1) == b"", "an idle connection was kept open"
+    finally:
+        for sock in idle:
+            sock.close()
