@@ -133,3 +133,21 @@ def test_unreadable_or_empty_token_files_are_config_errors(tmp_path):
         dataservice.DispatcherConfig(auth_token_file=str(empty))
     with pytest.raises(ValueError, match="cannot read the auth token file"):
         dataservice.WorkerConfig(dispatcher_address="localhost:1", auth_token_file=str(tmp_path / "missing"))
+
+
+def test_health_watch_streams_without_a_token_hold_no_server_threads(secured):
+    """The attack: health needs no token, so open more Watch streams than the dispatcher has
+    threads. Watch runs without holding one (gRPC's non-blocking mode), and an authenticated
+    call still gets its answer."""
+    address = secured.address
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        watches = [stub.Watch(health_pb2.HealthCheckRequest(), timeout=60) for _ in range(48)]
+        try:
+            for watch in watches:
+                assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            with DispatcherClient(address, 10, auth_token=TOKEN) as client:
+                assert len(client.get_workers()) == 1
+        finally:
+            for watch in watches:
+                watch.cancel()
