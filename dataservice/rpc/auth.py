@@ -20,8 +20,6 @@ from collections.abc import Callable
 
 import grpc
 
-from dataservice.rpc import handlers
-
 TOKEN_ENV = "DATASERVICE_AUTH_TOKEN"
 TOKEN_FILE_ENV = "DATASERVICE_AUTH_TOKEN_FILE"
 METADATA_KEY = "authorization"
@@ -94,16 +92,25 @@ class ServerAuthInterceptor(grpc.ServerInterceptor):
         if message is None:
             return handler
 
-        def refuse(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        return _refusal(handler.response_streaming, message)
 
-        def refuse_stream(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-            yield  # pragma: no cover - abort raises
 
-        return handlers.rewrap(
-            handler, lambda behavior, _, server_streaming: refuse_stream if server_streaming else refuse
-        )
+def _refusal(response_streaming: bool, message: str) -> grpc.RpcMethodHandler:
+    """A handler that answers UNAUTHENTICATED without reading the request: it takes the request
+    as a stream (of undecoded bytes) that it never iterates, so gRPC receives no more of it than
+    its flow-control window, whatever its size (a unary handler would receive and decode the
+    whole message first, up to the server's largest, before the refusal)."""
+
+    def refuse(requests, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    def refuse_stream(requests, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - abort raises
+
+    if response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse_stream)
+    return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 class ClientAuthInterceptor(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import grpc
+import psutil
 import pytest
 import tensorflow as tf
 from conftest import wait_for_workers
@@ -124,6 +125,26 @@ def test_processes_with_a_token(processes, token_file, monkeypatch):
             "--dispatcher_timeout_ms=3000",
         )
     assert not any(TOKEN in line for line in dispatcher.stderr_lines + worker.stderr_lines)
+    _an_unauthenticated_large_request_is_not_read(dispatcher)
+
+
+# What the refusal of an unauthenticated request may add to the server's memory: a request is
+# refused before it is read, so only gRPC's flow-control window of it arrives.
+UNAUTHENTICATED_GROWTH_LIMIT_MIB = 40
+
+
+def _an_unauthenticated_large_request_is_not_read(dispatcher) -> None:
+    """The attack: a 100 MiB RegisterDataset without a token (the dispatcher takes graphs of up to
+    max_graph_bytes, 1 GiB, from a client with one)."""
+    before = psutil.Process(dispatcher.proc.pid).memory_info().rss
+    payload = b"\x0a" + b"\xff" * (100 * 2**20)
+    with grpc.insecure_channel(dispatcher.address, options=[("grpc.max_send_message_length", -1)]) as channel:
+        call = channel.unary_unary("/dataservice.v1.DispatcherService/RegisterDataset")
+        with pytest.raises(grpc.RpcError) as raised:
+            call(payload, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED, raised.value.details()
+    grown_mib = (psutil.Process(dispatcher.proc.pid).memory_info().rss - before) / 2**20
+    assert grown_mib < UNAUTHENTICATED_GROWTH_LIMIT_MIB, f"the dispatcher grew {grown_mib:.0f} MiB"
 
 
 def test_unreadable_or_empty_token_files_are_config_errors(tmp_path):
