@@ -140,7 +140,7 @@ class DispatchServer:
         while not self._stopping.wait(self._core.gc_interval_s()):
             try:
                 self._core.collect_garbage()
-            except Exception:
+            except Exception:  # keep collecting on the next round
                 log.exception("garbage collection failed")
 
     def _status_or_empty(self) -> dict[str, Any]:

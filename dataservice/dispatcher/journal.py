@@ -472,7 +472,7 @@ class JournalWriter:
             log.info("journal snapshot %d written (%d updates)", seq, len(records))
             if self.observer is not None:
                 self.observer.snapshotted(time.perf_counter() - started)
-        except Exception:
+        except Exception:  # the journal is whole without it; the next one is tried later
             log.exception("writing journal snapshot %d failed; the segments stay", seq)
 
     def wait_for_snapshot(self, timeout_s: float) -> bool:

@@ -46,7 +46,7 @@ class MonitoringServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             server_version = "dataservice"
 
-            def do_GET(self) -> None:
+            def do_GET(self) -> None:  # the name http.server calls
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
@@ -63,7 +63,7 @@ class MonitoringServer:
                         self._send(200, "text/plain; charset=utf-8", f"dataservice {role}: see /metrics\n".encode())
                     else:
                         self._send(404, "text/plain; charset=utf-8", f"no page {path}\n".encode())
-                except Exception as e:
+                except Exception as e:  # a failed page must not stop the server
                     log.exception("monitoring request %s failed", path)
                     self._send(500, "text/plain; charset=utf-8", f"{type(e).__name__}: {e}\n".encode())
 
@@ -75,7 +75,7 @@ class MonitoringServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:
+            def log_message(self, format: str, *args: Any) -> None:  # http.server's name
                 log.debug("monitoring: " + format, *args)
 
         self._httpd = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)

@@ -71,7 +71,7 @@ def handler(method: Callable) -> Callable:
             return method(self, request, context)
         except status.ServiceError as e:
             context.abort(grpc_code(e.code), e.message)
-        except Exception as e:
+        except Exception as e:  # the server must survive any request
             log.exception("%s failed", method.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {e}")
 

@@ -75,7 +75,7 @@ def test_distributed_epoch_resume_replays_each_task_then_hands_out_the_rest(cloc
 
     resumed = resume(core, dataset_id, DYNAMIC, {t1: 40, t2: 7})
     assert resumed.repetition == 0 and resumed.iteration_id != iteration.iteration_id
-    state = core._state
+    state = core._state  # the test reads the state the core keeps
     new_tasks = [state.task(t) for t in resumed.task_ids]
     assert sorted(t.skip_elements for t in new_tasks) == [7, 40]
     assert sorted(t.worker_address for t in new_tasks) == ["w1:1", "w2:1"]
