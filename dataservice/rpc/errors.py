@@ -21,9 +21,6 @@ from dataservice import status
 
 log = logging.getLogger(__name__)
 
-# Codes after which the same call may succeed: the server is (re)starting,
-# overloaded, or the connection dropped.
-RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED})
 
 _TF_ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: tf.errors.InvalidArgumentError,
@@ -59,6 +56,10 @@ def status_code(value: int | None) -> grpc.StatusCode:
 def grpc_code(code: status.Code) -> grpc.StatusCode:
     """The gRPC code of a status code (the same number)."""
     return status_code(int(code))
+
+
+# status.RETRYABLE as gRPC's codes (for calls made with gRPC's own errors).
+RETRYABLE_CODES = frozenset(grpc_code(code) for code in status.RETRYABLE)
 
 
 def handler(method: Callable) -> Callable:
