@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable, Iterable
 
 
 class _Account:
-    __slots__ = ("done", "granted", "outstanding", "received")
+    __slots__ = ("acknowledge", "done", "granted", "outstanding", "received")
 
     def __init__(self) -> None:
         # Granted and not yet taken by the consumer; granted in all; received in all.
@@ -23,6 +23,8 @@ class _Account:
         self.granted = 0
         self.received = 0
         self.done = False
+        # The worker asked to hear at once what has arrived (it ends the stream after).
+        self.acknowledge = False
 
 
 class CreditLedger:
@@ -40,10 +42,13 @@ class CreditLedger:
     def grant(self, stream: Hashable, timeout_s: float, stopped: Callable[[], bool]) -> int:
         """Credits for `stream`: up to its share of the budget, out of what is free. Waits up to
         `timeout_s` for that many to become grantable; small grants wait until a quarter of
-        the share is free, so that credit messages stay few. 0 once stopped or ended."""
+        the share is free, so that credit messages stay few. 0 once stopped or ended. Returns
+        early (maybe with 0) when the worker asked for an acknowledgement (see acknowledgement())."""
         with self._changed:
             account = self._accounts[stream]
-            self._changed.wait_for(lambda: stopped() or account.done or self._grantable(account) > 0, timeout_s)
+            self._changed.wait_for(
+                lambda: stopped() or account.done or account.acknowledge or self._grantable(account) > 0, timeout_s
+            )
             if stopped() or account.done:
                 return 0
             count = self._grantable(account)
@@ -63,6 +68,19 @@ class CreditLedger:
     def received(self, stream: Hashable, count: int) -> None:
         with self._lock:
             self._accounts[stream].received += count
+
+    def ask_acknowledgement(self, stream: Hashable) -> None:
+        """The worker wants to hear at once how many elements of the stream have arrived."""
+        with self._changed:
+            self._accounts[stream].acknowledge = True
+            self._changed.notify_all()
+
+    def acknowledgement(self, stream: Hashable) -> bool:
+        """Whether the worker asked for an acknowledgement since the last call."""
+        with self._lock:
+            account = self._accounts[stream]
+            asked, account.acknowledge = account.acknowledge, False
+            return asked
 
     def received_total(self, stream: Hashable) -> int:
         """Elements the stream has received in all."""

@@ -248,6 +248,13 @@ class IterationReader:
             return sum(item[1] for item in self._queue.queue if item is not _WAKE)
 
 
+class _Gap(Exception):
+    """A message that does not follow what arrived before it."""
+
+    def __init__(self, first: int, received: int):
+        super().__init__(f"sent a message starting at element {first} after {received} arrived")
+
+
 class _TaskStream:
     """Reads one task's elements from its worker, reconnecting on transient errors."""
 
@@ -265,7 +272,8 @@ class _TaskStream:
         """The requests of one connection, until `ended`: a connection that is over grants
         nothing more, so that what the next one re-grants is all that was not used."""
         reader, credits = self._reader, self._reader.credits
-        # Credits granted on an earlier connection and not used are granted again.
+        # Credits granted on an earlier connection and not used are granted again; the worker
+        # sends again what it sent after what arrived (worker/delivery.py).
         unused = credits.unused(self.task_id)
         yield worker_pb2.StreamElementsRequest(
             task_id=self.task_id,
@@ -273,11 +281,13 @@ class _TaskStream:
             compression=reader.compression,
             trainer_id=reader.trainer_id,
             credits=unused + credits.grant(self.task_id, 0, reader.stopped.is_set),
+            received=credits.received_total(self.task_id),
         )
         while not reader.stopped.is_set() and not credits.is_done(self.task_id) and not ended.is_set():
             count = credits.grant(self.task_id, 0.5, reader.stopped.is_set)
-            if count:
-                yield worker_pb2.StreamElementsRequest(credits=count)
+            if count or credits.acknowledgement(self.task_id):
+                # Each request acknowledges what has arrived: the worker forgets it.
+                yield worker_pb2.StreamElementsRequest(credits=count, received=credits.received_total(self.task_id))
 
     def _run(self) -> None:
         reader = self._reader
@@ -292,6 +302,8 @@ class _TaskStream:
                     if reader.stopped.is_set() or self._abandoned.is_set():
                         stream.cancel()
                 for response, buffers in stream:
+                    if response.chunks and response.first_element != reader.credits.received_total(self.task_id):
+                        raise _Gap(response.first_element, reader.credits.received_total(self.task_id))
                     for proto in response.chunks:
                         chunk = reader.codec.decode(proto, buffers)
                         reader.credits.received(self.task_id, chunk.num_elements)
@@ -299,6 +311,8 @@ class _TaskStream:
                     if response.end_of_sequence:
                         reader.stream_ended(self, end_of_sequence=True)
                         return
+                    if response.acknowledge:
+                        reader.credits.ask_acknowledgement(self.task_id)
                 error: BaseException = tf.errors.UnavailableError(
                     None,
                     None,
@@ -312,6 +326,11 @@ class _TaskStream:
                 where = f"reading task {self._task.task_id} from worker {self._task.worker_address}"
                 error = errors.to_tf_error(e, where)
                 retry = e.code in status.RETRYABLE
+            except _Gap as e:
+                error = tf.errors.DataLossError(
+                    None, None, f"task {self._task.task_id}: worker {self._task.worker_address} {e}"
+                )
+                retry = False
             except ValueError as e:  # a message that does not decode (wire.py checks every size)
                 error = tf.errors.DataLossError(
                     None,

@@ -28,7 +28,7 @@ class ProcessTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamElementsRequest(_message.Message):
-    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message", "credits", "compression", "auth_token", "trainer_id", "shared_memory_bytes", "released_regions")
+    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message", "credits", "compression", "auth_token", "trainer_id", "shared_memory_bytes", "released_regions", "received")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_ELEMENTS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class StreamElementsRequest(_message.Message):
     TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     RELEASED_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_client_id: int
     max_elements_per_message: int
@@ -47,10 +48,11 @@ class StreamElementsRequest(_message.Message):
     trainer_id: str
     shared_memory_bytes: int
     released_regions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ..., auth_token: _Optional[str] = ..., trainer_id: _Optional[str] = ..., shared_memory_bytes: _Optional[int] = ..., released_regions: _Optional[_Iterable[int]] = ...) -> None: ...
+    received: int
+    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ..., auth_token: _Optional[str] = ..., trainer_id: _Optional[str] = ..., shared_memory_bytes: _Optional[int] = ..., released_regions: _Optional[_Iterable[int]] = ..., received: _Optional[int] = ...) -> None: ...
 
 class StreamElementsResponse(_message.Message):
-    __slots__ = ("chunks", "end_of_sequence", "error_code", "error_message", "ring_bytes", "region_offset", "region_size")
+    __slots__ = ("chunks", "end_of_sequence", "error_code", "error_message", "ring_bytes", "region_offset", "region_size", "first_element", "acknowledge")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     END_OF_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +60,8 @@ class StreamElementsResponse(_message.Message):
     RING_BYTES_FIELD_NUMBER: _ClassVar[int]
     REGION_OFFSET_FIELD_NUMBER: _ClassVar[int]
     REGION_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ELEMENT_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.ElementChunk]
     end_of_sequence: bool
     error_code: int
@@ -65,7 +69,9 @@ class StreamElementsResponse(_message.Message):
     ring_bytes: int
     region_offset: int
     region_size: int
-    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., ring_bytes: _Optional[int] = ..., region_offset: _Optional[int] = ..., region_size: _Optional[int] = ...) -> None: ...
+    first_element: int
+    acknowledge: bool
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., ring_bytes: _Optional[int] = ..., region_offset: _Optional[int] = ..., region_size: _Optional[int] = ..., first_element: _Optional[int] = ..., acknowledge: _Optional[bool] = ...) -> None: ...
 
 class GetElementRequest(_message.Message):
     __slots__ = ("task_id", "iteration_client_id", "consumer_index", "round", "compression")

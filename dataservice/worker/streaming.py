@@ -19,7 +19,9 @@ from google.protobuf.message import Message
 from dataservice import status
 from dataservice.transfer import compression, local, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
+from dataservice.worker.delivery import Deliveries, Delivery, SentMessage
 from dataservice.worker.task_book import TaskBook
+from dataservice.worker.task_runner import TaskRunner
 
 DEFAULT_MAX_ELEMENTS_PER_MESSAGE = 4096
 # Large elements travel several to a message: each message costs both ends a few calls into
@@ -99,14 +101,15 @@ class TransferStats:
 @dataclasses.dataclass(frozen=True)
 class StreamContext:
     """What serving a task's elements needs from its worker: its address (for messages), its
-    tasks, how to report a task whose elements were all handed out, and where to count what
-    was sent."""
+    tasks, how to report a task whose elements were all handed out (without waiting), where to
+    count what was sent, and what each client has not acknowledged yet."""
 
     worker_address: str
     tasks: TaskBook
     report_finished: Callable[[int], None]
     transfer: TransferStats = dataclasses.field(default_factory=TransferStats)
     limiter: StreamLimiter = dataclasses.field(default_factory=StreamLimiter)
+    deliveries: Deliveries = dataclasses.field(default_factory=Deliveries)
 
 
 def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
@@ -143,7 +146,7 @@ def _problems(request: Message, non_negative: tuple[str, ...]) -> list[str]:
 def check_stream_request(request: worker_pb2.StreamElementsRequest) -> None:
     """Refuses a first request that no client of ours sends, before anything waits on it (a
     stream for a task the worker does not know yet waits UNKNOWN_TASK_WAIT_S for it)."""
-    problems = _problems(request, ("max_elements_per_message", "credits", "shared_memory_bytes"))
+    problems = _problems(request, ("max_elements_per_message", "credits", "shared_memory_bytes", "received"))
     if request.released_regions:
         problems.append("a stream's first request has no regions to release")
     if problems:
@@ -165,14 +168,12 @@ def stream_task(
     protocol: str = "grpc",
 ) -> Iterator[Response]:
     """The responses (header and buffers) of the stream that `request` opens; `later_requests`
-    (read on a thread of its own) grant more credits. `protocol` names the transfer for the
-    worker's metrics. Raises status.ServiceError."""
+    (read on a thread of its own) grant more credits and acknowledge what arrived. A reconnecting
+    client's stream first sends again what the client did not receive (delivery.py). `protocol`
+    names the transfer for the worker's metrics. Raises status.ServiceError."""
     check_stream_request(request)
     runner = worker.tasks.wait_for(request.task_id, UNKNOWN_TASK_WAIT_S)
-    if runner is None:
-        if worker.tasks.is_finished(request.task_id):
-            yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
-            return
+    if runner is None and not worker.tasks.is_finished(request.task_id):
         raise status.unavailable(unknown_task_message(worker.worker_address, request.task_id))
     client_id = request.iteration_client_id
     if not worker.limiter.acquire(client_id):
@@ -181,52 +182,108 @@ def stream_task(
             f"worker {worker.worker_address} serves {worker.limiter.limit} streams to iteration client {client_id} "
             "already (its limit of concurrent streams per client, MAX_STREAMS_PER_CLIENT): close streams first",
         )
-    credits = _Credits(request.credits)
+    try:
+        delivery, stream = worker.deliveries.attach(request.task_id, client_id, request.received)
+    except status.ServiceError:
+        worker.limiter.release(client_id)
+        raise
+    credits = _Credits(request.credits, delivery.acknowledge)
     threading.Thread(
         target=credits.read, args=(later_requests,), name=f"credits-{request.task_id}", daemon=True
     ).start()
-    max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
     # Between processes of one host (a Unix socket, or memory) bandwidth is not short: never compress.
     same_host = protocol in (tcp.UNIX_PROTOCOL, local.PROTOCOL)
     compressor = compression.StreamCompressor(common_pb2.COMPRESSION_NONE if same_host else request.compression)
-    linger_s = 0.0  # the first message goes out at once: time to first element matters
-    stats = worker.transfer
-    stats.opened(protocol)
+    sender = _Sender(worker, request, runner, delivery, credits, compressor, protocol)
+    worker.transfer.opened(protocol)
     try:
-        while is_active():
-            allowed = credits.wait(_TAKE_POLL_S)
-            if not allowed:
-                if credits.closed:
-                    return  # the client wants no more
-                continue
-            try:
-                chunks, done = runner.take(
-                    min(max_elements, allowed), MAX_BYTES_PER_MESSAGE, _TAKE_POLL_S, linger_s, request.trainer_id
-                )
-                linger_s = LINGER_S
-            except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
-                message = pipeline_error(request.task_id, worker.worker_address, e)
-                raise status.ServiceError(status.code_of(e), message) from None
-            count = sum(chunk.num_elements for chunk in chunks)
-            credits.spend(count)
-            if done:
-                worker.report_finished(request.task_id)
-            if chunks or done:
-                response = worker_pb2.StreamElementsResponse(end_of_sequence=done)
-                buffers: list[wire.BufferEntry] = []
-                if chunks:
-                    chunk, buffers = runner.codec.encode(chunks, compressor)
-                    response.chunks.append(chunk)
-                stats.sent(protocol, count, buffers)
-                yield response, buffers
-                if done:
-                    return
-            elif runner.stopped:
-                raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
+        position = request.received
+        while is_active() and delivery.is_current(stream) and not credits.closed:
+            message = delivery.message_at(position)
+            if message is None and (runner is None or delivery.ended):
+                # Everything is sent; the end goes out once the client has acknowledged it all.
+                if not delivery.wait_acknowledged(position, 0):
+                    yield from sender.ask_to_acknowledge(position)
+                    if not delivery.wait_acknowledged(position, _TAKE_POLL_S):
+                        continue
+                yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
+                return
+            if message is None:
+                message = sender.take()
+            if message is not None:
+                yield sender.encode(message)
+                position = message.end
     finally:
-        stats.opened(protocol, -1)
+        worker.transfer.opened(protocol, -1)
         worker.limiter.release(client_id)
+        worker.deliveries.detach(delivery, stream)
         credits.close()
+
+
+class _Sender:
+    """What one stream sends: new elements taken from the task (recorded in the client's
+    delivery before they go), messages encoded for this stream, and the request for an
+    acknowledgement before the end."""
+
+    def __init__(
+        self,
+        worker: StreamContext,
+        request: worker_pb2.StreamElementsRequest,
+        runner: TaskRunner | None,
+        delivery: Delivery,
+        credits: _Credits,
+        compressor: compression.StreamCompressor,
+        protocol: str,
+    ):
+        self._worker, self._request, self._runner = worker, request, runner
+        self._delivery, self._credits, self._compressor, self._protocol = delivery, credits, compressor, protocol
+        self._max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
+        self._linger_s = 0.0  # the first message goes out at once: time to first element matters
+        self._asked_at = -1
+
+    def take(self) -> SentMessage | None:
+        """A message of new elements (recorded), or None: no credits, no room, nothing produced yet,
+        or the task is done (then the delivery has ended). Raises status.ServiceError."""
+        runner, task_id = self._runner, self._request.task_id
+        assert runner is not None
+        allowed = self._credits.wait(_TAKE_POLL_S)
+        if not allowed and runner.done:
+            allowed = 1  # nothing is left to send: the end needs no credits
+        if not allowed or not self._delivery.wait_for_room(_TAKE_POLL_S):
+            return None
+        try:
+            chunks, done = runner.take(
+                min(self._max_elements, allowed),
+                MAX_BYTES_PER_MESSAGE,
+                _TAKE_POLL_S,
+                self._linger_s,
+                self._request.trainer_id,
+            )
+            self._linger_s = LINGER_S
+        except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
+            message = pipeline_error(task_id, self._worker.worker_address, e)
+            raise status.ServiceError(status.code_of(e), message) from None
+        sent = self._delivery.record(chunks, runner.codec) if chunks else None
+        if done:
+            self._delivery.end()
+            self._worker.report_finished(task_id)
+        elif sent is None and runner.stopped:
+            raise status.ServiceError(status.Code.CANCELLED, stopped_message(task_id))
+        return sent
+
+    def encode(self, message: SentMessage) -> Response:
+        self._credits.spend(message.count)
+        chunk, buffers = message.codec.encode(list(message.chunks), self._compressor)
+        response = worker_pb2.StreamElementsResponse(first_element=message.first)
+        response.chunks.append(chunk)
+        self._worker.transfer.sent(self._protocol, message.count, buffers)
+        return response, buffers
+
+    def ask_to_acknowledge(self, position: int) -> Iterator[Response]:
+        """Asks the client, once, to acknowledge at once everything before `position`."""
+        if self._asked_at != position:
+            self._asked_at = position
+            yield worker_pb2.StreamElementsResponse(acknowledge=True), []
 
 
 def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) -> Response:
@@ -266,8 +323,9 @@ def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) ->
 class _Credits:
     """How many more elements a client can take: granted by its requests, spent by responses."""
 
-    def __init__(self, initial: int):
+    def __init__(self, initial: int, on_received: Callable[[int], None]):
         self._available = max(0, initial)
+        self._on_received = on_received
         self._closed = False
         self._cond = threading.Condition()
 
@@ -275,6 +333,8 @@ class _Credits:
         """Adds the credits of the client's later requests (runs until the stream ends)."""
         try:
             for request in request_iterator:
+                if request.received:
+                    self._on_received(request.received)
                 with self._cond:
                     self._available += max(0, request.credits)
                     self._cond.notify_all()

@@ -197,6 +197,12 @@ class WorkerServer:
             if self._stopped.is_set():
                 return
             self._datasets.expire()
+            self._streams.deliveries.expire()
+            try:
+                # Finished tasks first: a heartbeat before would be offered them again.
+                self._report_unreported(timeout_s=interval_s)
+            except tf.errors.OpError:
+                pass  # a dispatcher that does not know this worker yet: after the heartbeat
             try:
                 self._heartbeat(timeout_s=interval_s)
                 self._report_unreported()
@@ -233,20 +239,14 @@ class WorkerServer:
             self._snapshot_writers.drop(ref.path, ref.chunk_index)
 
     def report_finished(self, task_id: int) -> None:
-        """Tells the dispatcher that every element of the task was handed out.
-
-        Tried at once, so that a client asking the dispatcher right after its
-        end of sequence learns the task is over; retried by the heartbeat loop.
-        """
-        if self._tasks.is_finished(task_id):
-            return
+        """Notes that every element of the task was handed out: its runner stops, and the
+        heartbeat thread tells the dispatcher at once (so that a client asking the dispatcher
+        right after its end of sequence learns the task is over), retrying at its interval.
+        Never waits: a stream calls it before its last messages go out."""
         runner = self._tasks.finish(task_id)
         if runner is not None:
             runner.stop()
-        try:
-            self._report_unreported(timeout_s=2.0)
-        except tf.errors.OpError as e:
-            log.warning("could not report finished task %d yet: %s", task_id, e.message)
+            self._heartbeat_now.set()
 
     def _report_unreported(self, timeout_s: float = 5.0) -> None:
         tasks = self._tasks.unreported()
@@ -357,6 +357,7 @@ class WorkerServer:
         return self._datasets.chunk_iterator(task.dataset_id, dataset, max_chunk)
 
     def _delete_task(self, task_id: int) -> None:
+        self._streams.deliveries.forget_task(task_id)
         runner = self._tasks.remove(task_id)
         if runner is not None:
             runner.stop()
@@ -375,6 +376,7 @@ class WorkerServer:
             "buffered_elements": sum(b[0] for b in buffered),
             "buffered_bytes": sum(b[1] for b in buffered),
             "buffer_capacity_bytes": sum(runner.capacity_bytes for runner in runners),
+            "unacknowledged_bytes": self._streams.deliveries.unacknowledged_bytes(),
             "produced": self._production.by_dataset(),
             "sent": sent,
             "open_streams": open_streams,

@@ -149,24 +149,39 @@ def test_worker_config_checks_its_transfer_fields():
 
 
 def test_streams_per_client_are_bounded(cluster):
-    iterator = iter(tf.data.Dataset.range(10**7).apply(service.distribute("parallel_epochs", cluster.target)))
-    next(iterator)
-    task_id = cluster.workers[0].running_tasks()[0]
-    address = tcp.transfer_address(cluster.workers[0].transfer_address)
+    """A client id holds one stream per task (a new one replaces it, as a reconnect does) and
+    MAX_STREAMS_PER_CLIENT streams in all."""
     limit = streaming.MAX_STREAMS_PER_CLIENT
+    readers = [
+        iter(tf.data.Dataset.range(10**7).apply(service.distribute("parallel_epochs", cluster.target)))
+        for _ in range(limit + 1)
+    ]
+    for reader in readers:
+        next(reader)
+    task_ids = cluster.workers[0].running_tasks()
+    assert len(task_ids) == limit + 1
+    address = tcp.transfer_address(cluster.workers[0].transfer_address)
     open_streams = []
+
+    def open_stream(task_id: int, client_id: int = 777, credits: int = 0) -> socket.socket:
+        sock = tcp.connect(address, 10)
+        sock.settimeout(10)
+        # Without credits the stream stays open, sending nothing.
+        tcp.send_request(
+            sock, worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=client_id, credits=credits)
+        )
+        return sock
+
     try:
-        for _ in range(limit):
-            sock = tcp.connect(address, 10)
-            # No credits: the stream stays open, sending nothing.
-            tcp.send_request(sock, worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=777))
-            open_streams.append(sock)
+        replaced = open_stream(task_ids[0])
+        open_streams.append(open_stream(task_ids[0]))
+        with pytest.raises(OSError):  # the worker ends the stream the new one replaces
+            tcp.recv_response(replaced)
+        replaced.close()
+        open_streams += [open_stream(task_id) for task_id in task_ids[1:limit]]
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # until the worker has taken them all
-            refused = tcp.connect(address, 10)
-            refused.settimeout(10)
-            probe = worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=777, credits=1)
-            tcp.send_request(refused, probe)
+            refused = open_stream(task_ids[limit], credits=1)
             response, _ = tcp.recv_response(refused)
             refused.close()
             if response.error_code:
@@ -174,16 +189,14 @@ def test_streams_per_client_are_bounded(cluster):
         assert errors.status_code(response.error_code) == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert f"{limit} streams to iteration client 777" in response.error_message
         # Another client is not affected.
-        other = tcp.connect(address, 10)
-        other.settimeout(10)
-        tcp.send_request(other, worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=778, credits=1))
+        other = open_stream(task_ids[limit], client_id=778, credits=1)
         response, _ = tcp.recv_response(other)
         other.close()
         assert not response.error_code and response.chunks
     finally:
         for sock in open_streams:
             sock.close()
-    del iterator
+    del readers
 
 
 def test_connections_without_a_request_take_no_stream_slot_and_are_closed(cluster, monkeypatch):
