@@ -57,6 +57,7 @@ class Delivery:
     def __init__(self, now: float) -> None:
         self._cond = threading.Condition()
         self._messages: collections.deque[SentMessage] = collections.deque()
+        self._by_first: dict[int, SentMessage] = {}
         self._acknowledged = 0
         self._sent = 0
         self._unacknowledged_bytes = 0
@@ -75,7 +76,7 @@ class Delivery:
                     f"the client says it received {received} elements, but it was sent {self._sent} "
                     f"and acknowledged {self._acknowledged}"
                 )
-            if received != self._sent and not any(m.first == received for m in self._messages):
+            if received != self._sent and received not in self._by_first:
                 raise ValueError(f"the client says it received {received} elements, which ends no message it was sent")
             self._acknowledge(received)
             self._stream += 1
@@ -96,12 +97,7 @@ class Delivery:
     def message_at(self, position: int) -> SentMessage | None:
         """The recorded message whose first element is at `position`, if any."""
         with self._cond:
-            for message in self._messages:
-                if message.first == position:
-                    return message
-                if message.first > position:
-                    break
-            return None
+            return self._by_first.get(position)
 
     def record(self, chunks: list[Chunk], codec: ElementCodec) -> SentMessage:
         """Records a message of `chunks` (encoded with `codec`), about to be sent."""
@@ -111,6 +107,7 @@ class Delivery:
             message = SentMessage(self._sent, count, tuple(chunks), nbytes, codec)
             self._sent += count
             self._messages.append(message)
+            self._by_first[message.first] = message
             self._unacknowledged_bytes += nbytes
             return message
 
@@ -135,7 +132,9 @@ class Delivery:
             return
         self._acknowledged = received
         while self._messages and self._messages[0].end <= received:
-            self._unacknowledged_bytes -= self._messages.popleft().nbytes
+            message = self._messages.popleft()
+            del self._by_first[message.first]
+            self._unacknowledged_bytes -= message.nbytes
 
     def wait_acknowledged(self, position: int, timeout_s: float) -> bool:
         """Waits up to `timeout_s` for the client to acknowledge the elements before `position`."""

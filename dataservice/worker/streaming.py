@@ -209,10 +209,12 @@ def stream_task(
                 yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
                 return
             if message is None:
-                message = sender.take()
-            if message is not None:
-                yield sender.encode(message)
-                position = message.end
+                # Recorded, then sent from the record at its turn: a stream this one replaced may
+                # record a message of its own meanwhile, which goes first.
+                sender.take()
+                continue
+            yield sender.encode(message)
+            position = message.end
     finally:
         worker.transfer.opened(protocol, -1)
         worker.limiter.release(client_id)
@@ -241,16 +243,17 @@ class _Sender:
         self._linger_s = 0.0  # the first message goes out at once: time to first element matters
         self._asked_at = -1
 
-    def take(self) -> SentMessage | None:
-        """A message of new elements (recorded), or None: no credits, no room, nothing produced yet,
-        or the task is done (then the delivery has ended). Raises status.ServiceError."""
+    def take(self) -> None:
+        """Records a message of new elements in the delivery, unless there are no credits, no room,
+        nothing produced yet, or the task is done (then the delivery has ended). Raises
+        status.ServiceError."""
         runner, task_id = self._runner, self._request.task_id
         assert runner is not None
         allowed = self._credits.wait(_TAKE_POLL_S)
         if not allowed and runner.done:
             allowed = 1  # nothing is left to send: the end needs no credits
         if not allowed or not self._delivery.wait_for_room(_TAKE_POLL_S):
-            return None
+            return
         try:
             chunks, done = runner.take(
                 min(self._max_elements, allowed),
@@ -263,13 +266,13 @@ class _Sender:
         except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
             message = pipeline_error(task_id, self._worker.worker_address, e)
             raise status.ServiceError(status.code_of(e), message) from None
-        sent = self._delivery.record(chunks, runner.codec) if chunks else None
+        if chunks:
+            self._delivery.record(chunks, runner.codec)
         if done:
             self._delivery.end()
             self._worker.report_finished(task_id)
-        elif sent is None and runner.stopped:
+        elif not chunks and runner.stopped:
             raise status.ServiceError(status.Code.CANCELLED, stopped_message(task_id))
-        return sent
 
     def encode(self, message: SentMessage) -> Response:
         self._credits.spend(message.count)
