@@ -185,6 +185,11 @@ class SnapshotCoordinator:
             sizes = splits.group_sizes(splits.find_sources(graph_lib.parse_graph(graph_bytes)))
         except (splits.UnsplittableDatasetError, graph_lib.InvalidDatasetError) as e:
             raise status.invalid_argument(f"distributed_save splits the dataset among the workers: {e}") from None
+        if any(size >= splits.INFINITE_SPLITS for size in sizes):
+            raise status.invalid_argument(
+                f"distributed_save needs a finite dataset; a source of dataset {request.dataset_id!r} repeats "
+                "for ever (repeat()), which distributed_save cannot split into chunks"
+            )
         if layout.exists(path):
             raise status.already_exists(
                 f"tf.data snapshot at {path} cannot start: the path exists already (choose a new one)"

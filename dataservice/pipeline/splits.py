@@ -9,14 +9,30 @@ so everything downstream of the source (map, filter, interleave, shuffle,
 batch...) runs unchanged over the worker's stream of splits.
 
 Sources feeding one `zip` form one split group: they get the same index
-ranges, so zipped elements stay paired. The selector of
-sample_from_datasets/choose_from_datasets runs whole on every worker, as in
-TensorFlow.
+ranges, so zipped elements stay paired.
+
+A `repeat()` over a single source is mostly left to run: each time it restarts
+the source, the source reads the dispatcher's next repetition of its group.
+Two kinds are taken into the source instead, as TensorFlow's split providers
+repeat a source's splits: an infinite `repeat()` over one source, and a
+`repeat(count)` over one source below a zip (`zip(range(50),
+range(10).repeat(10))` runs 50 elements, as TensorFlow's does). Such a source
+counts `count` times its splits (INFINITE_SPLITS for ever), split index i
+gives its element i mod cardinality, and the repeat itself runs once; so
+every worker can read a `from_tensors(x).repeat()` input of
+sample_from_datasets as long as it needs to, where a repetition of one split
+would leave all but one worker with an empty repetition, which ends a
+repeat() in tf.data.
+
+The selector of choose_from_datasets is split like any source (each choice
+is made once, on one worker); a random selector (sample_from_datasets') runs
+whole on every worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Sequence
 
@@ -28,8 +44,11 @@ from dataservice import tf_internal
 
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 SPLITTABLE_OPS = ("RangeDataset", "TensorSliceDataset", "TensorDataset")
-# Dataset inputs that are not split: they run whole on every worker.
-_LOCAL_INPUTS = {"DirectedInterleaveDataset": {0}}
+# Random sources are not split; a DirectedInterleaveDataset selector (its input 0) made from one runs
+# whole on every worker.
+_RANDOM_OPS = ("RandomDataset", "RandomDatasetV2")
+# Split indices of a source repeated for ever (the dispatcher hands them out until the job ends).
+INFINITE_SPLITS = 2**62
 
 
 class UnsplittableDatasetError(ValueError):
@@ -44,6 +63,17 @@ class Source:
     inputs: tuple
     cardinality: int
     group: int
+    # How many times the repeat()s taken into the source run it, -1 for ever (see the module
+    # docstring): its split indices go up to cardinality x repeats.
+    repeats: int = 1
+    # Those repeat nodes, which run once in the rebuilt pipeline.
+    absorbed_repeats: tuple[str, ...] = ()
+
+    @property
+    def splits(self) -> int:
+        if self.cardinality and self.repeats < 0:
+            return INFINITE_SPLITS
+        return min(self.cardinality * self.repeats, INFINITE_SPLITS)
 
 
 def _node_name(input_name: str) -> str:
@@ -57,7 +87,8 @@ def _is_dataset(node: node_def_pb2.NodeDef) -> bool:
 def _const_value(node: node_def_pb2.NodeDef) -> np.ndarray:
     # parse_tensor, unlike make_ndarray, reads string tensors stored as tensor_content.
     tensor = node.attr["value"].tensor
-    return tf.io.parse_tensor(tensor.SerializeToString(), out_type=tf.as_dtype(tensor.dtype)).numpy()
+    with tf_internal.eager_mode():  # also when a graph-mode client checks its pipeline
+        return tf.io.parse_tensor(tensor.SerializeToString(), out_type=tf.as_dtype(tensor.dtype)).numpy()
 
 
 def find_sources(graph: graph_pb2.GraphDef) -> list[Source]:
@@ -83,7 +114,7 @@ def find_sources(graph: graph_pb2.GraphDef) -> list[Source]:
         if name in sources_below:
             return sources_below[name]
         node = nodes[name]
-        local = _LOCAL_INPUTS.get(node.op, set())
+        local = {0} if node.op == "DirectedInterleaveDataset" and _has_random_source(nodes, node.input[0]) else set()
         inputs = [
             _node_name(i)
             for position, i in enumerate(node.input)
@@ -107,6 +138,7 @@ def find_sources(graph: graph_pb2.GraphDef) -> list[Source]:
         return found
 
     visit(_node_name(retvals[0].input[0]))
+    repeats, absorbed = _absorbed_repeats(nodes, sources_below)
     group_ids: dict[str, int] = {}
     result = []
     for name in sources:
@@ -137,8 +169,75 @@ def find_sources(graph: graph_pb2.GraphDef) -> list[Source]:
             inputs.append(_const_value(producer))
         root = find(name)
         group = group_ids.setdefault(root, len(group_ids))
-        result.append(Source(name, node.op, tuple(inputs), _cardinality(node.op, inputs), group))
+        result.append(
+            Source(
+                name,
+                node.op,
+                tuple(inputs),
+                _cardinality(node.op, inputs),
+                group,
+                repeats.get(name, 1),
+                tuple(absorbed.get(name, ())),
+            )
+        )
     return result
+
+
+def _absorbed_repeats(
+    nodes: dict[str, node_def_pb2.NodeDef], sources_below: dict[str, list[str]]
+) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """For each source, how many times the repeat() nodes taken into it run it (-1: for ever), and
+    those nodes (see the module docstring): repeats over that one source with a constant count,
+    infinite ones anywhere, finite ones below a zip."""
+    below_zip: set[str] = set()
+    pending = [n for n in sources_below if nodes[n].op == "ZipDataset"]
+    while pending:
+        for child in _dataset_inputs(nodes, nodes[pending.pop()]):
+            if child not in below_zip:
+                below_zip.add(child)
+                pending.append(child)
+    # Repeats over one source with a constant count: (node, count) by source.
+    candidates: dict[str, list[tuple[str, int]]] = {}
+    for name in sorted(sources_below):
+        node = nodes[name]
+        if node.op != "RepeatDataset" or len(sources_below[name]) != 1:
+            continue
+        count_node = nodes.get(_node_name(node.input[1]))
+        if count_node is not None and count_node.op == "Const":
+            candidates.setdefault(sources_below[name][0], []).append((name, int(_const_value(count_node))))
+    repeats: dict[str, int] = {}
+    absorbed: dict[str, list[str]] = {}
+    for source, found in candidates.items():
+        # Under an infinite repeat, every repeat of the source goes into it (a repeat left in the
+        # pipeline would restart a source whose splits never end).
+        forever = any(count < 0 for _, count in found)
+        taken = [(name, count) for name, count in found if forever or name in below_zip]
+        if taken:
+            absorbed[source] = [name for name, _ in taken]
+            repeats[source] = -1 if forever else math.prod(count for _, count in taken)
+    return repeats, absorbed
+
+
+def _has_random_source(nodes: dict[str, node_def_pb2.NodeDef], input_name: str) -> bool:
+    """Whether the dataset `input_name` is built on a random source."""
+    pending, seen = [_node_name(input_name)], set()
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        if nodes[name].op in _RANDOM_OPS:
+            return True
+        pending += _dataset_inputs(nodes, nodes[name])
+    return False
+
+
+def _dataset_inputs(nodes: dict[str, node_def_pb2.NodeDef], node: node_def_pb2.NodeDef) -> list[str]:
+    return [
+        _node_name(i)
+        for i in node.input
+        if not i.startswith("^") and _node_name(i) in nodes and _is_dataset(nodes[_node_name(i)])
+    ]
 
 
 def _cardinality(op: str, inputs: Sequence[np.ndarray]) -> int:
@@ -154,12 +253,15 @@ def group_sizes(sources: Sequence[Source]) -> list[int]:
     """Splits per group: a zip ends with its shortest input."""
     sizes: dict[int, int] = {}
     for s in sources:
-        sizes[s.group] = min(sizes.get(s.group, s.cardinality), s.cardinality)
+        sizes[s.group] = min(sizes.get(s.group, s.splits), s.splits)
     return [sizes[g] for g in range(len(sizes))]
 
 
 def range_dataset(source: Source, node: node_def_pb2.NodeDef, begin: tf.Tensor, end: tf.Tensor) -> tf.data.Dataset:
-    """The source's elements with indices in [begin, end)."""
+    """The source's elements with split indices in [begin, end) (index i is element
+    i mod cardinality of a repeated source)."""
+    if source.repeats != 1:
+        return _repeated_range_dataset(source, node, begin, end)
     if source.op == "RangeDataset":
         start, _, step = (int(x) for x in source.inputs[:3])
         dtype = tf.as_dtype(node.attr["output_types"].list.type[0])
@@ -168,6 +270,21 @@ def range_dataset(source: Source, node: node_def_pb2.NodeDef, begin: tf.Tensor, 
         components = tuple(tf.constant(c)[begin:end] for c in source.inputs)
         return tf.data.Dataset.from_tensor_slices(components)
     return tf.data.Dataset.from_tensors(tuple(tf.constant(c) for c in source.inputs)).take(end - begin)
+
+
+def _repeated_range_dataset(
+    source: Source, node: node_def_pb2.NodeDef, begin: tf.Tensor, end: tf.Tensor
+) -> tf.data.Dataset:
+    cardinality = max(source.cardinality, 1)
+    indices = tf.data.Dataset.range(begin, end if source.cardinality else begin).map(lambda i: i % cardinality)
+    if source.op == "RangeDataset":
+        start, _, step = (int(x) for x in source.inputs[:3])
+        dtype = tf.as_dtype(node.attr["output_types"].list.type[0])
+        return indices.map(lambda i: tf.cast(start + i * step, dtype))
+    if source.op == "TensorSliceDataset":
+        components = tuple(tf.constant(c) for c in source.inputs)
+        return indices.map(lambda i: tuple(tf.gather(c, i) for c in components))
+    return indices.map(lambda _: tuple(tf.constant(c) for c in source.inputs))
 
 
 SplitRanges = Callable[[Source], tf.data.Dataset]
@@ -195,6 +312,12 @@ def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Sour
             del node.attr[key]
         node.attr["dtype"].type = tf.variant.as_datatype_enum
         node.ClearField("experimental_type")
+    for name in sorted({r for s in sources for r in s.absorbed_repeats}):
+        # The source's splits already count the repetitions: the repeat runs once.
+        once = graph.node.add(name=f"{name}/dataservice_once", op="Const")
+        once.attr["dtype"].type = tf.int64.as_datatype_enum
+        once.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(1, tf.int64))
+        nodes[name].input[1] = once.name
 
     def build():
         input_map = {}

@@ -95,6 +95,17 @@ def test_zip_keeps_pairs(cluster3):
     _exactly_once([(int(a), int(b)) for a, b in to_list(_distributed(ds, cluster3))], [(i, 10 * i) for i in range(500)])
 
 
+@pytest.mark.parametrize("repeated_first", [False, True])
+def test_zip_of_a_longer_member_and_a_repeated_shorter_one_runs_as_long_as_the_longer(cluster3, repeated_first):
+    """TensorFlow's service gives 50 elements here (each source's splits repeat); the zip's pairs
+    are kept across the three workers."""
+    long, short = tf.data.Dataset.range(50), tf.data.Dataset.range(10).map(lambda x: x * 100).repeat(10)
+    ds = tf.data.Dataset.zip((short, long) if repeated_first else (long, short))
+    pairs = [(int(a), int(b)) for a, b in to_list(_distributed(ds, cluster3))]
+    expected = [(i, i % 10 * 100) for i in range(50)]
+    _exactly_once(pairs, [(b, a) for a, b in expected] if repeated_first else expected)
+
+
 def test_concatenate(cluster3):
     ds = tf.data.Dataset.range(300).concatenate(tf.data.Dataset.range(1000, 1200))
     _exactly_once(to_list(_distributed(ds, cluster3)), list(range(300)) + list(range(1000, 1200)))
@@ -105,6 +116,28 @@ def test_sample_from_datasets(cluster3):
         [tf.data.Dataset.range(0, 200), tf.data.Dataset.range(1000, 1200)], weights=[0.3, 0.7], seed=5
     )
     _exactly_once(to_list(_distributed(ds, cluster3)), list(range(200)) + list(range(1000, 1200)))
+
+
+def test_sample_from_infinite_sources_follows_the_weights(cluster3):
+    """Every worker reads its `from_tensors(i).repeat()` inputs for as long as it samples (as in
+    TensorFlow's service), so the sampled frequencies follow the weights."""
+    weights = [0.85, 0.05, 0.1]
+    ds = tf.data.Dataset.sample_from_datasets(
+        [tf.data.Dataset.from_tensors(np.int64(i)).repeat() for i in range(len(weights))], weights, seed=1619
+    )
+    counts = np.bincount(to_list(_distributed(ds, cluster3).take(5000)), minlength=len(weights))
+    frequencies = counts / counts.sum()
+    chi2 = float(np.sum((frequencies - weights) ** 2 / weights))
+    assert chi2 < 1e-2, (counts, chi2)
+
+
+def test_choose_from_infinite_sources_makes_each_choice_once(cluster3):
+    words = [b"foo", b"bar", b"baz"]
+    choices = np.random.default_rng(5).integers(3, size=15)
+    ds = tf.data.Dataset.choose_from_datasets(
+        [tf.data.Dataset.from_tensors(w).repeat() for w in words], tf.data.Dataset.from_tensor_slices(choices)
+    )
+    _exactly_once(to_list(_distributed(ds, cluster3)), [words[i] for i in choices])
 
 
 def test_unbatch(cluster3):

@@ -124,6 +124,8 @@ def test_save_arguments_and_failures_are_reported(ft_cluster, tmp_path):
         service.distributed_save(elements(3), str(exists), target)
     with pytest.raises(tf.errors.InvalidArgumentError, match="finite dataset"):
         service.distributed_save(elements(3).repeat(), str(tmp_path / "b"), target)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="repeats for ever"):
+        service.distributed_save(elements(3).repeat().take(10), str(tmp_path / "b"), target)
     with pytest.raises(ValueError, match="cannot split the source op RandomDataset"):
         unsplittable = tf.data.Dataset.random(seed=1).take(5).map(lambda r: {"x": r})
         service.distributed_save(unsplittable, str(tmp_path / "c"), target)

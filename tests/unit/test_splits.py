@@ -1,0 +1,85 @@
+"""How distributed_epoch splits a pipeline's sources (pipeline/splits.py), without a cluster: the
+split groups found in the graph, and the pipeline rebuilt over given split ranges."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from dataservice.pipeline import graph as graph_lib
+from dataservice.pipeline import splits
+
+
+def _sources(dataset: tf.data.Dataset) -> list[splits.Source]:
+    return splits.find_sources(graph_lib.parse_graph(graph_lib.serialize_dataset(dataset)))
+
+
+def _rebuilt(dataset: tf.data.Dataset, ranges: list[tuple[int, int]]) -> list:
+    """The dataset rebuilt with every source reading `ranges` of its group's splits."""
+    graph_bytes = graph_lib.serialize_dataset(dataset)
+    sources = splits.find_sources(graph_lib.parse_graph(graph_bytes))
+    rebuilt, keepalive = splits.rebuild_with_splits(
+        graph_bytes,
+        dataset.element_spec,
+        sources,
+        lambda _: tf.data.Dataset.from_tensor_slices(tf.constant(ranges, tf.int64)).map(lambda r: (r[0], r[1])),
+    )
+    got = [tf.nest.map_structure(_plain, e) for e in rebuilt]
+    del keepalive
+    return got
+
+
+def _plain(tensor: tf.Tensor):
+    value = tensor.numpy()
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def test_zipped_sources_share_a_group_that_ends_with_the_shortest():
+    sources = _sources(tf.data.Dataset.zip((tf.data.Dataset.range(50), tf.data.Dataset.range(10))))
+    assert len({s.group for s in sources}) == 1
+    assert splits.group_sizes(sources) == [10]
+
+
+def test_a_repeat_between_a_zip_and_its_source_multiplies_the_source_splits():
+    long = tf.data.Dataset.range(50)
+    short = tf.data.Dataset.range(10).map(lambda x: x * 100).repeat(10)
+    sources = _sources(tf.data.Dataset.zip((long, short)))
+    assert sorted((s.cardinality, s.repeats) for s in sources) == [(10, 10), (50, 1)]
+    assert splits.group_sizes(sources) == [50]
+    nested = _sources(tf.data.Dataset.zip((long, tf.data.Dataset.range(5).repeat(2).repeat(3))))
+    assert splits.group_sizes(nested) == [30]
+
+
+def test_the_rebuilt_zip_pairs_split_indices_and_runs_the_absorbed_repeat_once():
+    long = tf.data.Dataset.range(50)
+    short = tf.data.Dataset.from_tensor_slices([b"a", b"b", b"c"]).repeat(10)
+    got = _rebuilt(tf.data.Dataset.zip((long, short)), [(0, 4), (28, 31)])
+    assert got == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"a"), (28, b"b"), (29, b"c"), (30, b"a")]
+
+
+def test_finite_repeats_outside_a_zip_and_repeats_of_several_sources_are_left_to_the_repetitions():
+    assert splits.group_sizes(_sources(tf.data.Dataset.range(7).repeat(3))) == [7]
+    zipped = tf.data.Dataset.zip((tf.data.Dataset.range(8), tf.data.Dataset.range(4)))
+    assert splits.group_sizes(_sources(zipped.repeat(3))) == [4]
+    assert splits.group_sizes(_sources(zipped.repeat())) == [4], "the repeat restarts both: pairs stay pairs"
+    twice = tf.data.Dataset.range(3).concatenate(tf.data.Dataset.range(5)).repeat()
+    assert splits.group_sizes(_sources(twice)) == [3, 5]
+
+
+def test_an_infinite_repeat_of_one_source_takes_every_repeat_of_it_and_never_ends():
+    sources = _sources(tf.data.Dataset.range(5).repeat(2).map(lambda x: x + 1).repeat())
+    assert [(s.repeats, len(s.absorbed_repeats)) for s in sources] == [(-1, 2)]
+    assert splits.group_sizes(sources) == [splits.INFINITE_SPLITS]
+    zipped = tf.data.Dataset.zip((tf.data.Dataset.range(8), tf.data.Dataset.range(4).repeat()))
+    assert splits.group_sizes(_sources(zipped)) == [8]
+    got = _rebuilt(tf.data.Dataset.from_tensors(7).repeat(), [(0, 3), (10**12, 10**12 + 2)])
+    assert got == [7] * 5
+
+
+def test_a_choice_selector_is_split_and_a_random_one_runs_whole():
+    inputs = [tf.data.Dataset.from_tensors(w).repeat() for w in (b"a", b"b")]
+    choices = tf.data.Dataset.from_tensor_slices(tf.constant([0, 1, 1, 0, 1], tf.int64))
+    sources = _sources(tf.data.Dataset.choose_from_datasets(inputs, choices))
+    assert sorted(s.op for s in sources) == ["TensorDataset", "TensorDataset", "TensorSliceDataset"]
+    assert sorted(splits.group_sizes(sources)) == [5, splits.INFINITE_SPLITS, splits.INFINITE_SPLITS]
+    sampled = _sources(tf.data.Dataset.sample_from_datasets(inputs, [0.5, 0.5], seed=3))
+    assert [s.op for s in sampled] == ["TensorDataset", "TensorDataset"]
