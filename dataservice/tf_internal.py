@@ -12,14 +12,16 @@ fails on the upgrade when one is gone.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import struct_pb2
 from tensorflow.python.data.experimental.ops import testing as _data_testing
 from tensorflow.python.data.util import structure as _structure
+from tensorflow.python.eager import context as _context
 from tensorflow.python.ops import gen_dataset_ops as _gen_dataset_ops
 from tensorflow.python.saved_model import nested_structure_coder as _nested_structure_coder
 from tensorflow.python.util import deprecation as _deprecation
@@ -29,10 +31,65 @@ def serialize_dataset_graph(dataset: tf.data.Dataset) -> bytes:
     """The pipeline's GraphDef bytes, device assignments stripped so any host can run it; ops with
     external state (a shuffle's seed generator, say) are kept with a warning, as TensorFlow's
     service does."""
-    return dataset._as_serialized_graph(
-        external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN,
-        strip_device_assignment=True,
-    ).numpy()
+    return _dataset_value(
+        dataset,
+        lambda: dataset._as_serialized_graph(
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN,
+            strip_device_assignment=True,
+        ),
+    )
+
+
+def dataset_cardinality(dataset: tf.data.Dataset) -> int:
+    """The dataset's cardinality as a number (INFINITE_CARDINALITY, UNKNOWN_CARDINALITY or >= 0)."""
+    return int(_dataset_value(dataset, dataset.cardinality))
+
+
+def _dataset_value(dataset: tf.data.Dataset, make: Callable[[], tf.Tensor]):
+    """The value of the tensor `make()` computes from `dataset`, now: eagerly for a dataset made
+    eagerly (also one a tf.function captured), else as value_now does."""
+    if not tf.is_symbolic_tensor(dataset._variant_tensor):
+        with tf.init_scope():
+            return make().numpy()
+    return value_now(make())
+
+
+def value_now(tensor: tf.Tensor):
+    """The value of `tensor` now, also in graph mode (a tf.Graph or a tf.function being traced), where
+    the tensor is symbolic: its ops are copied into a graph of their own and run in a session, so the
+    graph being built is left as it was. A value that depends on a placeholder, a function argument
+    or a tensor captured from outside cannot be known before the graph runs: ValueError."""
+    if not tf.is_symbolic_tensor(tensor):
+        return tensor.numpy()
+    graph_def = _ops_behind(tensor.graph.as_graph_def(), tensor.op.name)
+    needs_input = sorted(n.name for n in graph_def.node if n.op in ("Placeholder", "PlaceholderWithDefault"))
+    if needs_input:
+        raise ValueError(
+            "distribute() and register_dataset() serialize the pipeline when they are called, and this "
+            f"pipeline depends on values known only when the graph runs ({', '.join(needs_input[:3])}): "
+            "build it from constants, or outside the tf.function"
+        )
+    with tf.Graph().as_default() as graph:
+        (copy,) = tf.graph_util.import_graph_def(graph_def, return_elements=[tensor.name], name="")
+        with tf.compat.v1.Session(graph=graph) as session:
+            return session.run(copy)
+
+
+def eager_mode():
+    """A context that runs ops eagerly, also while a tf.Graph is being built (graph mode)."""
+    return _context.eager_mode()
+
+
+def dataset_and_inputs(dataset: tf.data.Dataset) -> list[tf.data.Dataset]:
+    """The dataset and every dataset upstream of it (the inputs of its transformations)."""
+    found, pending = [], [dataset]
+    while pending:
+        current = pending.pop()
+        if any(current is d for d in found):
+            continue
+        found.append(current)
+        pending += list(current._inputs())
+    return found
 
 
 def variant_tensor(dataset: tf.data.Dataset) -> tf.Tensor:
@@ -105,3 +162,18 @@ def registered_op_names() -> list[str]:
     finally:
         _c_api.TF_DeleteBuffer(buffer)
     return [op.name for op in ops.op]
+
+
+def _ops_behind(graph_def: graph_pb2.GraphDef, name: str) -> graph_pb2.GraphDef:
+    """The part of `graph_def` that computes node `name` (its function library whole)."""
+    nodes = {node.name: node for node in graph_def.node}
+    needed, pending = set(), [name]
+    while pending:
+        current = pending.pop()
+        if current in needed or current not in nodes:
+            continue
+        needed.add(current)
+        pending += [i.lstrip("^").split(":")[0] for i in nodes[current].input]
+    part = graph_pb2.GraphDef(versions=graph_def.versions, library=graph_def.library)
+    part.node.extend(node for node in graph_def.node if node.name in needed)
+    return part

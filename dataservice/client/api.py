@@ -10,9 +10,11 @@ call per chunk, which rebuilds the elements in its own graph
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from dataservice import modes, tf_internal
@@ -85,9 +87,17 @@ def _timeout_s(dispatcher_timeout_ms: int | None) -> float:
     return dispatcher_timeout_ms / 1000
 
 
+# Called inside a tf.function, these run as Python: AutoGraph would otherwise try to convert the
+# gRPC calls under them.
+_not_converted = tf.autograph.experimental.do_not_convert
+
+
 def _dataset_id_str(dataset_id: DatasetId) -> str:
     if isinstance(dataset_id, tf.Tensor):
-        dataset_id = dataset_id.numpy()
+        # In graph mode, register_dataset's result is a constant of the graph, known now.
+        dataset_id = tf_internal.value_now(dataset_id)
+        if isinstance(dataset_id, np.ndarray | np.generic):
+            dataset_id = dataset_id.item()
     if isinstance(dataset_id, bytes):
         dataset_id = dataset_id.decode()
     if isinstance(dataset_id, int) and not isinstance(dataset_id, bool):
@@ -105,26 +115,30 @@ def _register(
     timeout_s: float,
     splittable: bool = False,
     prepare_workers: bool = False,
-) -> str:
+) -> tuple[str, list[int]]:
     """Checks the pipeline (splittable: also for distributed_epoch), serializing it once, and registers it.
-    `prepare_workers`: it is about to be read whole on every worker, which can prepare it."""
+    `prepare_workers`: it is about to be read whole on every worker, which can prepare it. Returns
+    the dataset id, and the sizes of its split groups when `splittable`."""
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
     metadata = common_pb2.DatasetMetadata(
         element_spec=graph_lib.encode_element_spec(dataset.element_spec),
         compression=modes.parse_compression(compression),
-        cardinality=int(dataset.cardinality()),
+        cardinality=tf_internal.dataset_cardinality(dataset),
     )
     graph_lib.check_element_spec(dataset.element_spec)
     graph_bytes = graph_lib.serialize_dataset(dataset)
     graph = graph_lib.parse_graph(graph_bytes)
     if splittable:
         # Refuse an unsplittable pipeline here, not at the first element.
-        splits.find_sources(graph)
+        group_sizes = splits.group_sizes(splits.find_sources(graph))
+    else:
+        group_sizes = []
     with DispatcherClient(target.address, timeout_s, shared=True, tls=target.tls) as dispatcher:
-        return dispatcher.register_dataset(graph_bytes, metadata, requested, prepare_workers)
+        return dispatcher.register_dataset(graph_bytes, metadata, requested, prepare_workers), group_sizes
 
 
+@_not_converted
 def register_dataset(
     service: Service,
     dataset: tf.data.Dataset,
@@ -141,7 +155,8 @@ def register_dataset(
     target = addresses.parse_service(service)
     # An empty id, as None, asks the dispatcher for one (as TensorFlow's).
     requested = "" if dataset_id is None or dataset_id in ("", b"") else _dataset_id_str(dataset_id)
-    return tf.constant(_register(target, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms)))
+    dataset_id, _ = _register(target, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms))
+    return tf.constant(dataset_id)
 
 
 class _ReadOptions:
@@ -268,7 +283,24 @@ def _service_dataset(
         dataset = _coordinated_dataset(target, job, codec, options, compression, element_spec)
     if cardinality == tf.data.INFINITE_CARDINALITY:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    _SERVICE_DATASETS.add(dataset)
     return dataset
+
+
+# The datasets this module made to read the service: a pipeline built on one cannot be split.
+_SERVICE_DATASETS: weakref.WeakSet[tf.data.Dataset] = weakref.WeakSet()
+
+
+def _check_not_read_from_a_service(dataset: tf.data.Dataset) -> None:
+    """distributed_epoch splits a pipeline's sources; one that reads the service has none to split.
+    UnimplementedError, as TensorFlow's service raises."""
+    if any(d in _SERVICE_DATASETS for d in tf_internal.dataset_and_inputs(dataset)):
+        raise tf.errors.UnimplementedError(
+            None,
+            None,
+            "Cannot create split providers for dataset of type DataServiceDataset: distributed_epoch cannot "
+            "split a pipeline that reads a tf.data service; use processing_mode='parallel_epochs'",
+        )
 
 
 def _coordinated_dataset(
@@ -327,6 +359,7 @@ def _coordinated_dataset(
     return dataset
 
 
+@_not_converted
 def from_dataset_id(
     processing_mode: str | modes.ShardingPolicy,
     service: Service,
@@ -403,9 +436,13 @@ def distribute(
         dispatcher_timeout_ms,
     )
 
+    @_not_converted
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
-        options.check_cardinality(int(dataset.cardinality()))
-        dataset_id = _register(
+        if options.sharding_policy == modes.ShardingPolicy.DYNAMIC:
+            _check_not_read_from_a_service(dataset)
+        cardinality = tf_internal.dataset_cardinality(dataset)
+        options.check_cardinality(cardinality)
+        dataset_id, group_sizes = _register(
             target,
             dataset,
             compression,
@@ -414,8 +451,10 @@ def distribute(
             splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC,
             prepare_workers=options.sharding_policy == modes.ShardingPolicy.OFF,
         )
-        return _service_dataset(
-            target, dataset_id, dataset.element_spec, int(dataset.cardinality()), options, compression_enum
-        )
+        if cardinality == tf.data.INFINITE_CARDINALITY and any(s < splits.INFINITE_SPLITS for s in group_sizes):
+            # tf.data counts it infinite, but a finite source can end it once split (the choices of
+            # choose_from_datasets over inputs repeated for ever): not asserted.
+            cardinality = tf.data.UNKNOWN_CARDINALITY
+        return _service_dataset(target, dataset_id, dataset.element_spec, cardinality, options, compression_enum)
 
     return apply
