@@ -1,0 +1,263 @@
+"""TensorFlow's own test scenarios for its tf.data service, run against ours and against TensorFlow's,
+in eager mode and in graph mode (a tf.Graph read through a Session, as TF1-style code does).
+
+Each scenario is written from a test of TensorFlow's `tensorflow/python/data/experimental/kernel_tests/
+service/` (named in its docstring), checking what that test checks. A scenario whose two services
+differ fails here, or is marked with the reason (README, "Compatibility").
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import in_process_cluster
+
+import dataservice as service
+
+pytestmark = pytest.mark.timeout(300)
+
+SERVICES = ("ours", "tensorflow")
+MODES = ("eager", "graph")
+
+
+class _TensorFlowCluster:
+    """TensorFlow's dispatcher and workers in this process."""
+
+    def __init__(self, num_workers: int):
+        self.dispatcher = tf.data.experimental.service.DispatchServer()
+        address = self.dispatcher.target.split("://")[1]
+        config = tf.data.experimental.service.WorkerConfig
+        self.workers = [
+            tf.data.experimental.service.WorkerServer(config(dispatcher_address=address)) for _ in range(num_workers)
+        ]
+        self.target = self.dispatcher.target
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker._stop()
+        self.dispatcher._stop()
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    """(service, number of workers) -> a cluster, made when a scenario first asks."""
+    made: dict[tuple[str, int], object] = {}
+
+    def get(which: str, num_workers: int):
+        key = (which, num_workers)
+        if key not in made:
+            made[key] = in_process_cluster(num_workers) if which == "ours" else _TensorFlowCluster(num_workers)
+        return made[key]
+
+    yield get
+    for cluster in made.values():
+        cluster.stop()
+
+
+def _distribute(which: str):
+    return service.distribute if which == "ours" else tf.data.experimental.service.distribute
+
+
+def _plain(value):
+    if isinstance(value, tuple | list):
+        return tuple(_plain(v) for v in value)
+    value = np.asarray(value)
+    return value.item() if value.ndim == 0 else tuple(value.tolist())
+
+
+def _read(make: Callable[[], tf.data.Dataset], mode: str, limit: int | None = None) -> list:
+    """The elements of the dataset `make()` builds, read eagerly or in a tf.Graph with a Session."""
+    if mode == "eager":
+        dataset = make()
+        if limit is not None:
+            dataset = dataset.take(limit)
+        return [_plain(e) for e in dataset.as_numpy_iterator()]
+    with tf.Graph().as_default():
+        dataset = make()
+        if limit is not None:
+            dataset = dataset.take(limit)
+        iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+        next_element = iterator.get_next()
+        out = []
+        with tf.compat.v1.Session() as session:
+            session.run(iterator.initializer)
+            while True:
+                try:
+                    out.append(_plain(session.run(next_element)))
+                except tf.errors.OutOfRangeError:
+                    return out
+
+
+@pytest.fixture(params=[(s, m) for s in SERVICES for m in MODES], ids=lambda p: f"{p[0]}-{p[1]}")
+def run(request, clusters):
+    """A scenario's reader: run(pipeline, num_workers, limit=None, **distribute_kwargs) -> elements."""
+    which, mode = request.param
+
+    def read(pipeline: Callable[[], tf.data.Dataset], num_workers: int, limit: int | None = None, **kwargs) -> list:
+        cluster = clusters(which, num_workers)
+        kwargs.setdefault("processing_mode", "distributed_epoch")
+
+        def make() -> tf.data.Dataset:
+            return pipeline().apply(_distribute(which)(service=cluster.target, **kwargs))
+
+        return _read(make, mode, limit)
+
+    read.service, read.mode = which, mode
+    read.cluster = lambda num_workers: clusters(which, num_workers)
+    return read
+
+
+def _same_items(got: list, expected: list) -> None:
+    assert collections.Counter(got) == collections.Counter(expected), (sorted(got)[:20], sorted(expected)[:20])
+
+
+# ---- distributed_epoch_test.py ------------------------------------------------------------------
+
+
+def test_basic(run):
+    """testBasic: range(100) over 2 workers, every element once."""
+    _same_items(run(lambda: tf.data.Dataset.range(100), 2), list(range(100)))
+
+
+def test_tensor_slices(run):
+    """testTensorSlices."""
+    _same_items(run(lambda: tf.data.Dataset.from_tensor_slices([5, 1, 2, 4]), 2), [5, 1, 2, 4])
+
+
+@pytest.mark.parametrize("kind", ["interleave", "parallel_interleave", "flat_map"])
+def test_interleave_and_flat_map_of_slices(run, kind):
+    """testInterleave, testParallelInterleave, testFlatMap."""
+
+    def pipeline() -> tf.data.Dataset:
+        source = tf.data.Dataset.from_tensor_slices([1, 5, 0])
+        inner = lambda x: tf.data.Dataset.from_tensor_slices([x])  # noqa: E731
+        if kind == "flat_map":
+            return source.flat_map(inner)
+        parallel = tf.data.AUTOTUNE if kind == "parallel_interleave" else None
+        return source.interleave(inner, num_parallel_calls=parallel)
+
+    _same_items(run(pipeline, 2), [1, 5, 0])
+
+
+def test_repeat(run):
+    """testRepeat: range(20).repeat(5)."""
+    _same_items(run(lambda: tf.data.Dataset.range(20).repeat(5), 2), list(range(20)) * 5)
+
+
+def test_forever_repeat(run):
+    """testForeverRepeat: 1,000 elements of range(20).repeat(), each value at least 25 times."""
+    counts = collections.Counter(run(lambda: tf.data.Dataset.range(20).repeat(), 2, limit=1000))
+    assert all(counts[i] > 1000 / 20 / 2 for i in range(20)), counts
+
+
+def test_forever_repeat_of_fewer_elements_than_workers(run):
+    """testForeverRepeatFewElements (its reading part: the workers stay up here): range(1).repeat()
+    over 5 workers, some of which get nothing of the first repetition."""
+    assert run(lambda: tf.data.Dataset.range(1).repeat(), 5, limit=40) == [0] * 40
+
+
+def test_shuffle_and_repeat(run):
+    """testShuffleAndRepeat."""
+    got = run(lambda: tf.data.Dataset.range(20).shuffle(20).repeat(5), 2)
+    _same_items(got, list(range(20)) * 5)
+
+
+def test_zip(run):
+    """testZip: zip(a, a) over 1 worker, in order."""
+    a = lambda: tf.data.Dataset.range(10)  # noqa: E731
+    assert run(lambda: tf.data.Dataset.zip((a(), a())), 1) == [(i, i) for i in range(10)]
+
+
+def test_nested_zip(run):
+    """testNestedZip."""
+    a = lambda: tf.data.Dataset.range(10)  # noqa: E731
+    pipeline = lambda: tf.data.Dataset.zip((a(), a(), tf.data.Dataset.zip((a(), a())), a()))  # noqa: E731
+    assert run(pipeline, 1) == [(i, i, (i, i), i) for i in range(10)]
+
+
+def test_imbalanced_zip(run):
+    """testImbalancedZip: zip(range(200), range(1000)) over 1 worker, in order."""
+    pipeline = lambda: tf.data.Dataset.zip((tf.data.Dataset.range(200), tf.data.Dataset.range(1000)))  # noqa: E731
+    assert run(pipeline, 1) == [(i, i) for i in range(200)]
+
+
+def test_imbalanced_zip_over_several_workers(run):
+    """testImbalancedZipMultiWorker: 200 elements over 3 workers (TensorFlow's pairs may not line
+    up; ours do, since zipped sources share their split ranges)."""
+    pipeline = lambda: tf.data.Dataset.zip((tf.data.Dataset.range(200), tf.data.Dataset.range(1000)))  # noqa: E731
+    got = run(pipeline, 3)
+    assert len(got) == 200
+    if run.service == "ours":
+        _same_items(got, [(i, i) for i in range(200)])
+
+
+def test_zip_of_different_rates(run):
+    """testZipDifferentRates: zip(range(100), range(100).filter(x % 10 == 0)) gives 10."""
+
+    def pipeline() -> tf.data.Dataset:
+        return tf.data.Dataset.zip(
+            (tf.data.Dataset.range(100), tf.data.Dataset.range(100).filter(lambda x: tf.equal(x % 10, 0)))
+        )
+
+    assert len(run(pipeline, 3)) == 10
+
+
+def test_zip_of_different_repeats(run):
+    """testZipDifferentRepeats: zip(range(50), range(10).repeat(10)) gives 50."""
+    pipeline = lambda: tf.data.Dataset.zip((tf.data.Dataset.range(50), tf.data.Dataset.range(10).repeat(10)))  # noqa: E731
+    assert len(run(pipeline, 3)) == 50
+
+
+@pytest.mark.parametrize("weights", [[0.85, 0.05, 0.1], "random", [1.0]], ids=["fixed", "random", "one"])
+def test_sample_from_datasets(run, weights):
+    """testSampleFromDatasets: 5,000 samples over 3 workers follow the weights (chi-squared < 0.01)."""
+    if weights == "random":
+        weights = np.random.default_rng(1619).random(5)
+        weights = (weights / weights.sum()).tolist()
+
+    def pipeline() -> tf.data.Dataset:
+        inputs = [tf.data.Dataset.from_tensors(np.int64(i)).repeat() for i in range(len(weights))]
+        return tf.data.Dataset.sample_from_datasets(inputs, weights, seed=1619)
+
+    counts = np.bincount(run(pipeline, 3, limit=5000), minlength=len(weights))
+    chi2 = float(np.sum((counts / 5000 - np.asarray(weights)) ** 2 / np.asarray(weights)))
+    assert chi2 < 1e-2, (counts.tolist(), chi2)
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_choose_from_datasets(run, num_workers):
+    """testChooseFromDatasets: 15 choices over infinite inputs give the 15 chosen words (in order
+    with one worker)."""
+    words = [b"foo", b"bar", b"baz"]
+    choices = np.random.default_rng(num_workers).integers(3, size=15)
+
+    def pipeline() -> tf.data.Dataset:
+        inputs = [tf.data.Dataset.from_tensors(w).repeat() for w in words]
+        return tf.data.Dataset.choose_from_datasets(inputs, tf.data.Dataset.from_tensor_slices(choices))
+
+    if run.service == "tensorflow" and num_workers > 1:
+        pytest.xfail("TensorFlow's service (2.21) runs the choices whole on every worker: 45 elements, not 15")
+    got, expected = run(pipeline, num_workers), [words[i] for i in choices]
+    if num_workers == 1:
+        assert got == expected
+    else:
+        _same_items(got, expected)
+
+
+def test_distributed_epoch_of_a_distributed_dataset_is_unimplemented(run):
+    """testDistributedDataset: distributed_epoch over a pipeline that reads a service."""
+    if run.service == "tensorflow":
+        pytest.xfail("TensorFlow's service (2.21) did not raise here, nor end, within 60 s: not run")
+    first = run.cluster(1)
+
+    def pipeline() -> tf.data.Dataset:
+        numbers = tf.data.Dataset.from_tensor_slices(list(range(10)) * 5)
+        read = numbers.apply(_distribute(run.service)(processing_mode="parallel_epochs", service=first.target))
+        return read.map(lambda x: x + 1)
+
+    with pytest.raises(tf.errors.UnimplementedError, match="Cannot create split providers for dataset"):
+        run(pipeline, 1)
