@@ -92,6 +92,16 @@ def dataset_and_inputs(dataset: tf.data.Dataset) -> list[tf.data.Dataset]:
     return found
 
 
+def has_finite_selector(dataset: tf.data.Dataset) -> bool:
+    """Whether the pipeline has a sample_from_datasets/choose_from_datasets whose selector (the
+    first input of the _DirectedInterleaveDataset) is finite."""
+    return any(
+        type(d).__name__ == "_DirectedInterleaveDataset"
+        and dataset_cardinality(d._inputs()[0]) != tf.data.INFINITE_CARDINALITY
+        for d in dataset_and_inputs(dataset)
+    )
+
+
 def variant_tensor(dataset: tf.data.Dataset) -> tf.Tensor:
     """The DT_VARIANT tensor that stands for the dataset in graphs and raw ops."""
     return dataset._variant_tensor

@@ -115,10 +115,9 @@ def _register(
     timeout_s: float,
     splittable: bool = False,
     prepare_workers: bool = False,
-) -> tuple[str, list[int]]:
+) -> str:
     """Checks the pipeline (splittable: also for distributed_epoch), serializing it once, and registers it.
-    `prepare_workers`: it is about to be read whole on every worker, which can prepare it. Returns
-    the dataset id, and the sizes of its split groups when `splittable`."""
+    `prepare_workers`: it is about to be read whole on every worker, which can prepare it."""
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
     metadata = common_pb2.DatasetMetadata(
@@ -131,11 +130,9 @@ def _register(
     graph = graph_lib.parse_graph(graph_bytes)
     if splittable:
         # Refuse an unsplittable pipeline here, not at the first element.
-        group_sizes = splits.group_sizes(splits.find_sources(graph))
-    else:
-        group_sizes = []
+        splits.find_sources(graph)
     with DispatcherClient(target.address, timeout_s, shared=True, tls=target.tls) as dispatcher:
-        return dispatcher.register_dataset(graph_bytes, metadata, requested, prepare_workers), group_sizes
+        return dispatcher.register_dataset(graph_bytes, metadata, requested, prepare_workers)
 
 
 @_not_converted
@@ -155,8 +152,7 @@ def register_dataset(
     target = addresses.parse_service(service)
     # An empty id, as None, asks the dispatcher for one (as TensorFlow's).
     requested = "" if dataset_id is None or dataset_id in ("", b"") else _dataset_id_str(dataset_id)
-    dataset_id, _ = _register(target, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms))
-    return tf.constant(dataset_id)
+    return tf.constant(_register(target, dataset, compression, requested, _timeout_s(dispatcher_timeout_ms)))
 
 
 class _ReadOptions:
@@ -442,7 +438,7 @@ def distribute(
             _check_not_read_from_a_service(dataset)
         cardinality = tf_internal.dataset_cardinality(dataset)
         options.check_cardinality(cardinality)
-        dataset_id, group_sizes = _register(
+        dataset_id = _register(
             target,
             dataset,
             compression,
@@ -451,9 +447,9 @@ def distribute(
             splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC,
             prepare_workers=options.sharding_policy == modes.ShardingPolicy.OFF,
         )
-        if cardinality == tf.data.INFINITE_CARDINALITY and any(s < splits.INFINITE_SPLITS for s in group_sizes):
-            # tf.data counts it infinite, but a finite source can end it once split (the choices of
-            # choose_from_datasets over inputs repeated for ever): not asserted.
+        if cardinality == tf.data.INFINITE_CARDINALITY and tf_internal.has_finite_selector(dataset):
+            # tf.data counts choose_from_datasets over inputs repeated for ever infinite, though its
+            # choices end it: not asserted (the read would end in FailedPreconditionError).
             cardinality = tf.data.UNKNOWN_CARDINALITY
         return _service_dataset(target, dataset_id, dataset.element_spec, cardinality, options, compression_enum)
 

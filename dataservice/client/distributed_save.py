@@ -53,7 +53,7 @@ def distributed_save(
     chunk_file.check_plain_tensors(dataset.element_spec)
     target = addresses.parse_service(data_service_address)
     timeout_s = _timeout_s(dispatcher_timeout_ms)
-    dataset_id, _ = _register(target, dataset, None, "", timeout_s, splittable=True)
+    dataset_id = _register(target, dataset, None, "", timeout_s, splittable=True)
     metadata = snapshot_pb2.DistributedSnapshotMetadata(
         element_spec=graph_lib.encode_element_spec(dataset.element_spec), compression=layout.COMPRESSIONS[compression]
     )

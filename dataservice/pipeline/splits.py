@@ -24,9 +24,9 @@ sample_from_datasets as long as it needs to, where a repetition of one split
 would leave all but one worker with an empty repetition, which ends a
 repeat() in tf.data.
 
-The selector of choose_from_datasets is split like any source (each choice
-is made once, on one worker); a random selector (sample_from_datasets') runs
-whole on every worker.
+The selector of sample_from_datasets/choose_from_datasets runs whole on
+every worker, as in TensorFlow's service (15 choices over 3 workers make 45
+elements).
 """
 
 from __future__ import annotations
@@ -44,9 +44,8 @@ from dataservice import tf_internal
 
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 SPLITTABLE_OPS = ("RangeDataset", "TensorSliceDataset", "TensorDataset")
-# Random sources are not split; a DirectedInterleaveDataset selector (its input 0) made from one runs
-# whole on every worker.
-_RANDOM_OPS = ("RandomDataset", "RandomDatasetV2")
+# Dataset inputs that are not split: they run whole on every worker.
+_LOCAL_INPUTS = {"DirectedInterleaveDataset": {0}}
 # Split indices of a source repeated for ever (the dispatcher hands them out until the job ends).
 INFINITE_SPLITS = 2**62
 
@@ -114,7 +113,7 @@ def find_sources(graph: graph_pb2.GraphDef) -> list[Source]:
         if name in sources_below:
             return sources_below[name]
         node = nodes[name]
-        local = {0} if node.op == "DirectedInterleaveDataset" and _has_random_source(nodes, node.input[0]) else set()
+        local = _LOCAL_INPUTS.get(node.op, set())
         inputs = [
             _node_name(i)
             for position, i in enumerate(node.input)
@@ -216,20 +215,6 @@ def _absorbed_repeats(
             absorbed[source] = [name for name, _ in taken]
             repeats[source] = -1 if forever else math.prod(count for _, count in taken)
     return repeats, absorbed
-
-
-def _has_random_source(nodes: dict[str, node_def_pb2.NodeDef], input_name: str) -> bool:
-    """Whether the dataset `input_name` is built on a random source."""
-    pending, seen = [_node_name(input_name)], set()
-    while pending:
-        name = pending.pop()
-        if name in seen or name not in nodes:
-            continue
-        seen.add(name)
-        if nodes[name].op in _RANDOM_OPS:
-            return True
-        pending += _dataset_inputs(nodes, nodes[name])
-    return False
 
 
 def _dataset_inputs(nodes: dict[str, node_def_pb2.NodeDef], node: node_def_pb2.NodeDef) -> list[str]:
