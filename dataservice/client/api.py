@@ -107,6 +107,16 @@ def _dataset_id_str(dataset_id: DatasetId) -> str:
     return dataset_id
 
 
+def _cardinality(dataset: tf.data.Dataset) -> int:
+    """The dataset's cardinality as readers are told it. tf.data counts choose_from_datasets over
+    inputs repeated for ever infinite, though its choices end it: unknown here, so that a read of it
+    is not asserted infinite (it would end in FailedPreconditionError) and distributed_save takes it."""
+    cardinality = tf_internal.dataset_cardinality(dataset)
+    if cardinality == tf.data.INFINITE_CARDINALITY and tf_internal.has_finite_selector(dataset):
+        return tf.data.UNKNOWN_CARDINALITY
+    return cardinality
+
+
 def _register(
     target: addresses.Target,
     dataset: tf.data.Dataset,
@@ -123,7 +133,7 @@ def _register(
     metadata = common_pb2.DatasetMetadata(
         element_spec=graph_lib.encode_element_spec(dataset.element_spec),
         compression=modes.parse_compression(compression),
-        cardinality=tf_internal.dataset_cardinality(dataset),
+        cardinality=_cardinality(dataset),
     )
     graph_lib.check_element_spec(dataset.element_spec)
     graph_bytes = graph_lib.serialize_dataset(dataset)
@@ -436,7 +446,7 @@ def distribute(
     def apply(dataset: tf.data.Dataset) -> tf.data.Dataset:
         if options.sharding_policy == modes.ShardingPolicy.DYNAMIC:
             _check_not_read_from_a_service(dataset)
-        cardinality = tf_internal.dataset_cardinality(dataset)
+        cardinality = _cardinality(dataset)
         options.check_cardinality(cardinality)
         dataset_id = _register(
             target,
@@ -447,10 +457,6 @@ def distribute(
             splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC,
             prepare_workers=options.sharding_policy == modes.ShardingPolicy.OFF,
         )
-        if cardinality == tf.data.INFINITE_CARDINALITY and tf_internal.has_finite_selector(dataset):
-            # tf.data counts choose_from_datasets over inputs repeated for ever infinite, though its
-            # choices end it: not asserted (the read would end in FailedPreconditionError).
-            cardinality = tf.data.UNKNOWN_CARDINALITY
         return _service_dataset(target, dataset_id, dataset.element_spec, cardinality, options, compression_enum)
 
     return apply

@@ -143,6 +143,10 @@ def test_choose_from_infinite_sources_makes_the_choices_on_every_worker(cluster3
     distributed = _distributed(ds, cluster3)
     assert distributed.cardinality() == tf.data.UNKNOWN_CARDINALITY
     _exactly_once(to_list(distributed), [words[i] for i in choices] * 3)
+    dataset_id = service.register_dataset(cluster3.target, ds)
+    by_id = service.from_dataset_id("distributed_epoch", cluster3.target, dataset_id, ds.element_spec)
+    assert by_id.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    _exactly_once(to_list(by_id), [words[i] for i in choices] * 3)
 
 
 def test_unbatch(cluster3):
