@@ -13,6 +13,7 @@ from typing import Any
 
 from dataservice.dispatcher.load import HISTORY_BUCKET_S, LoadTracker
 from dataservice.dispatcher.state import DispatcherState, Iteration, Job
+from dataservice.pipeline import splits
 from dataservice.v1 import common_pb2
 
 STATUS_FORMAT = 1
@@ -42,8 +43,11 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 
 def _splits(state: DispatcherState, job: Job, iteration: Iteration) -> dict[str, int] | None:
-    """distributed_epoch: splits handed out in the current repetition of each split group, and in all."""
+    """distributed_epoch: splits handed out in the current repetition of each split group, and in all;
+    None for a pipeline with a source repeated for ever (its splits never end: no progress to show)."""
     if job.sharding_policy != common_pb2.SHARDING_POLICY_DYNAMIC:
+        return None
+    if any(size >= splits.INFINITE_SPLITS for size in job.split_group_sizes):
         return None
     handed_out = 0
     for group, size in enumerate(job.split_group_sizes):

@@ -379,6 +379,15 @@ def test_status_reports_the_load_and_the_recommended_workers(clock, notifier):
     assert json.loads(core.get_status(dispatcher_pb2.GetStatusRequest()).status_json)["jobs"][0]["job_id"] == 1
 
 
+def test_status_shows_no_split_progress_for_a_source_repeated_for_ever(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    start_iteration(core, register(core, tf.data.Dataset.range(10).repeat()), policy=DYNAMIC)
+    (job,) = core.status()["jobs"]
+    (iteration,) = job["iterations"]
+    assert iteration["splits"] is None
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("elements_received", -1), ("bytes_received", -5), ("wait_seconds", -0.5), ("consume_seconds", float("nan"))],
