@@ -45,7 +45,7 @@ from dataservice import tf_internal
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 SPLITTABLE_OPS = ("RangeDataset", "TensorSliceDataset", "TensorDataset")
 # Dataset inputs that are not split: they run whole on every worker.
-_LOCAL_INPUTS = {"DirectedInterleaveDataset": {0}}
+_LOCAL_INPUTS = {"DirectedInterleaveDataset": frozenset({0})}
 # Split indices of a source repeated for ever (the dispatcher hands them out until the job ends).
 INFINITE_SPLITS = 2**62
 
@@ -113,15 +113,7 @@ def find_sources(graph: graph_pb2.GraphDef) -> list[Source]:
         if name in sources_below:
             return sources_below[name]
         node = nodes[name]
-        local = _LOCAL_INPUTS.get(node.op, set())
-        inputs = [
-            _node_name(i)
-            for position, i in enumerate(node.input)
-            if not i.startswith("^")
-            and position not in local
-            and _node_name(i) in nodes
-            and _is_dataset(nodes[_node_name(i)])
-        ]
+        inputs = _dataset_inputs(nodes, node, skip=_LOCAL_INPUTS.get(node.op, frozenset()))
         if not inputs:
             found = [name]
             if name not in sources:
@@ -217,11 +209,17 @@ def _absorbed_repeats(
     return repeats, absorbed
 
 
-def _dataset_inputs(nodes: dict[str, node_def_pb2.NodeDef], node: node_def_pb2.NodeDef) -> list[str]:
+def _dataset_inputs(
+    nodes: dict[str, node_def_pb2.NodeDef], node: node_def_pb2.NodeDef, skip: frozenset[int] = frozenset()
+) -> list[str]:
+    """The names of the node's dataset inputs, but those at the input positions in `skip`."""
     return [
         _node_name(i)
-        for i in node.input
-        if not i.startswith("^") and _node_name(i) in nodes and _is_dataset(nodes[_node_name(i)])
+        for position, i in enumerate(node.input)
+        if not i.startswith("^")
+        and position not in skip
+        and _node_name(i) in nodes
+        and _is_dataset(nodes[_node_name(i)])
     ]
 
 
