@@ -125,15 +125,17 @@ def _register(
     timeout_s: float,
     splittable: bool = False,
     prepare_workers: bool = False,
+    cardinality: int | None = None,
 ) -> str:
     """Checks the pipeline (splittable: also for distributed_epoch), serializing it once, and registers it.
-    `prepare_workers`: it is about to be read whole on every worker, which can prepare it."""
+    `prepare_workers`: it is about to be read whole on every worker, which can prepare it.
+    `cardinality`: _cardinality(dataset), where the caller has it already."""
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
     metadata = common_pb2.DatasetMetadata(
         element_spec=graph_lib.encode_element_spec(dataset.element_spec),
         compression=modes.parse_compression(compression),
-        cardinality=_cardinality(dataset),
+        cardinality=_cardinality(dataset) if cardinality is None else cardinality,
     )
     graph_lib.check_element_spec(dataset.element_spec)
     graph_bytes = graph_lib.serialize_dataset(dataset)
@@ -456,6 +458,7 @@ def distribute(
             options.timeout_s,
             splittable=options.sharding_policy == modes.ShardingPolicy.DYNAMIC,
             prepare_workers=options.sharding_policy == modes.ShardingPolicy.OFF,
+            cardinality=cardinality,
         )
         return _service_dataset(target, dataset_id, dataset.element_spec, cardinality, options, compression_enum)
 
