@@ -12,6 +12,7 @@ fails on the upgrade when one is gone.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -159,6 +160,23 @@ def sleep(sleep_us: int):
     """A dataset transformation that sleeps `sleep_us` microseconds per element in the pipeline's
     own C++ (for latency-bound benchmarks and tests)."""
     return _data_testing.sleep(sleep_us)
+
+
+@functools.lru_cache(maxsize=1)
+def _op_libraries() -> dict[str, str]:
+    libraries = {}
+    for name in dir(tf.raw_ops):
+        module = getattr(getattr(tf.raw_ops, name), "__module__", "") or ""
+        leaf = module.rsplit(".", 1)[-1]
+        if leaf.startswith("gen_"):
+            libraries[name] = leaf[len("gen_") :]
+    return libraries
+
+
+def op_library(op: str) -> str | None:
+    """The op library an op's Python wrapper comes from ("math_ops" for Add, from gen_math_ops),
+    or None for ops without a public wrapper (internal, test and rewritten ops)."""
+    return _op_libraries().get(op)
 
 
 def registered_op_names() -> list[str]:
