@@ -15,7 +15,6 @@ caller that bound port 0 learns the ports (M: the status page and /metrics;
 off). SIGTERM or SIGINT stops it gracefully with exit status 0.
 """
 
-# ruff: noqa: E402 - TensorFlow is imported after quiet_tensorflow() has set its logging up
 from __future__ import annotations
 
 import argparse
@@ -23,26 +22,25 @@ import dataclasses
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 from typing import Any
 
-from dataservice.quiet import quiet_tensorflow
-
-quiet_tensorflow()
-
-import tensorflow as tf
 import yaml
 
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher import journal_tool
-from dataservice.dispatcher.dispatch_server import DispatchServer
 from dataservice.monitoring import logs, status_tables
+from dataservice.quiet import quiet_tensorflow
+from dataservice.rpc import auth, secret_files, tls
 from dataservice.rpc.addresses import parse_service
-from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import allocator
-from dataservice.worker.worker_server import WorkerServer
+from dataservice.worker import sandbox
+
+# TensorFlow, and the servers that use it, are imported only once a worker's file sandbox is in place
+# (worker/sandbox.py): TensorFlow starts threads on import, which the sandbox would not cover.
 
 _CONFIGS = {"dispatcher": DispatcherConfig, "worker": WorkerConfig}
 
@@ -82,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
         "--worker_tags",
         type=lambda value: [tag for tag in value.split(",") if tag],
         help="worker: comma-separated tags (COLOCATED: read only by clients on its host)",
+    )
+    parser.add_argument(
+        "--data_roots",
+        type=lambda value: [root for root in value.split(",") if root],
+        help="worker: comma-separated directories its pipelines may read files under, enforced by the kernel "
+        "(Landlock); without it, reads are unrestricted",
     )
     parser.add_argument(
         "--cross_trainer_cache_size_bytes",
@@ -140,6 +144,11 @@ def status_main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"data-server status: {e}", file=sys.stderr)
         return 2
+    quiet_tensorflow()
+    import tensorflow as tf
+
+    from dataservice.rpc.dispatcher_client import DispatcherClient
+
     client = DispatcherClient(target.address, args.timeout_s, tls=target.tls)
     try:
         doc = client.get_status()
@@ -198,6 +207,21 @@ def build_config(args: argparse.Namespace) -> Any:
         raise ValueError(str(e)) from None
 
 
+def _enter_sandbox(config: WorkerConfig) -> None:
+    """Reads the worker's credential files into memory, then restricts the process's reads to
+    config.data_roots, while it is still the only thread."""
+    secret_files.preload(
+        [
+            config.auth_token_file,
+            config.tls_cert_file,
+            config.tls_key_file,
+            config.tls_ca_file,
+            *(os.environ.get(name) for name in (auth.TOKEN_FILE_ENV, tls.CA_ENV, tls.CERT_ENV, tls.KEY_ENV)),
+        ]
+    )
+    sandbox.restrict_reads(list(config.data_roots))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["status"]:
@@ -213,6 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     if args.role == "worker":
         allocator.keep_freed_memory()
+        if config.data_roots:
+            try:
+                _enter_sandbox(config)
+            except (sandbox.SandboxError, OSError) as e:
+                print(f"data-server: cannot start the worker: {e}", file=sys.stderr)
+                return 1
+    quiet_tensorflow()
+    import tensorflow as tf
+
+    from dataservice.dispatcher.dispatch_server import DispatchServer
+    from dataservice.worker.worker_server import WorkerServer
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

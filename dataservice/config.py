@@ -215,6 +215,10 @@ class WorkerConfig:
       which the worker also sends to its dispatcher (rpc/auth.py); None: none.
     cross_trainer_cache_size_bytes: the window of each task read with cross_trainer_cache
       (worker/cross_trainer_cache.py); None: 10 GiB, as TensorFlow's.
+    data_roots: directories the worker's pipelines may read files under, and nothing else
+      (worker/sandbox.py: the kernel's Landlock, set up before the worker starts threads, so
+      a worker with data_roots runs as its own process); None: reads are unrestricted, as in
+      TensorFlow.
     worker_tags: tags the worker reports to the dispatcher. "COLOCATED" (as TensorFlow's): the
       worker runs beside a trainer, and target_workers="AUTO" clients read it only from its
       own host (each trainer its local worker, plus every worker without the tag).
@@ -237,9 +241,17 @@ class WorkerConfig:
     tls_ca_file: str | None = None
     cross_trainer_cache_size_bytes: int | None = None
     worker_tags: Sequence[str] | None = None
+    data_roots: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
+        roots = self.data_roots
+        if roots is not None:
+            if isinstance(roots, str) or not all(isinstance(r, str) and r.startswith("/") for r in roots):
+                raise ValueError(f"data_roots must be a list of absolute directory paths, got {roots!r}")
+            if not roots:
+                raise ValueError("data_roots must name at least one directory (None: reads are unrestricted)")
+            object.__setattr__(self, "data_roots", tuple(roots))
         cache = self.cross_trainer_cache_size_bytes
         if cache is None:
             object.__setattr__(self, "cross_trainer_cache_size_bytes", DEFAULT_CROSS_TRAINER_CACHE_BYTES)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -81,12 +83,13 @@ def processes():
         p.kill()
 
 
-def wait_for_workers(address: str, count: int, timeout_s: float = 60.0) -> None:
-    """Blocks until `count` workers are registered with the dispatcher at `address`."""
+def wait_for_workers(address: str, count: int, timeout_s: float = 60.0, tls=None) -> None:
+    """Blocks until `count` workers are registered with the dispatcher at `address` (over TLS with
+    `tls`, rpc.tls.TlsFiles)."""
     from dataservice.rpc.dispatcher_client import DispatcherClient
 
     deadline = time.monotonic() + timeout_s
-    with DispatcherClient(address, timeout_s=5) as dispatcher:
+    with DispatcherClient(address, timeout_s=5, tls=tls) as dispatcher:
         while time.monotonic() < deadline:
             if len(dispatcher.get_workers()) >= count:
                 return
@@ -130,3 +133,70 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of the samples named `name` whose labels include `labels`."""
     wanted = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
+
+
+@dataclasses.dataclass
+class SecureCluster:
+    """`data-server` processes as a production cluster runs them: TLS, a token, and a worker
+    sandboxed to `data_dir`; this process is its client (the CA and token in its environment)."""
+
+    target: str
+    dispatcher: ServerProcess
+    worker: ServerProcess
+    certs: Any
+    token: str
+    token_file: str
+    data_dir: str
+
+
+@pytest.fixture(scope="module")
+def secure_cluster(tmp_path_factory):
+    """One SecureCluster per test module (its servers take seconds to start)."""
+    from dataservice.bench.certificates import make_certificates
+    from dataservice.rpc import auth, tls
+
+    base = tmp_path_factory.mktemp("secure")
+    certs = make_certificates(str(base / "certs"))
+    token = "t0ken-" + os.urandom(8).hex()
+    token_file = base / "token"
+    token_file.write_text(token)
+    data_dir = base / "data"
+    data_dir.mkdir()
+    common = [
+        "--protocol=grpc+tls",
+        f"--tls_cert_file={certs.server_cert_file}",
+        f"--tls_key_file={certs.server_key_file}",
+        f"--auth_token_file={token_file}",
+        "--no-monitoring",
+    ]
+    server_env = {**os.environ, tls.CA_ENV: certs.ca_file}
+    started: list[ServerProcess] = []
+    try:
+        dispatcher = ServerProcess("--role=dispatcher", "--port=0", *common, env=server_env)
+        started.append(dispatcher)
+        worker = ServerProcess(
+            "--role=worker",
+            "--port=0",
+            f"--dispatcher_address={dispatcher.address}",
+            f"--data_roots={data_dir}",
+            "--heartbeat_interval_ms=200",
+            *common,
+            env=server_env,
+        )
+        started.append(worker)
+        with pytest.MonkeyPatch.context() as environment:
+            environment.setenv(tls.CA_ENV, certs.ca_file)
+            environment.setenv(auth.TOKEN_ENV, token)
+            wait_for_workers(dispatcher.address, 1, tls=tls.TlsFiles(ca_file=certs.ca_file))
+            yield SecureCluster(
+                f"grpc+tls://{dispatcher.address}",
+                dispatcher,
+                worker,
+                certs,
+                token,
+                str(token_file),
+                str(data_dir),
+            )
+    finally:
+        for server in started:
+            server.kill()

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import grpc
 
+from dataservice.rpc import secret_files
+
 TOKEN_ENV = "DATASERVICE_AUTH_TOKEN"
 TOKEN_FILE_ENV = "DATASERVICE_AUTH_TOKEN_FILE"
 METADATA_KEY = "authorization"
@@ -31,8 +33,7 @@ _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 def read_token_file(path: str) -> str:
     """The token in `path`; ValueError naming the problem if it cannot be read or is empty."""
     try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
+        token = secret_files.read(path).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read the auth token file {path}: {e}") from None
     if not token:

@@ -26,6 +26,8 @@ import ssl
 
 import grpc
 
+from dataservice.rpc import secret_files
+
 PLAINTEXT = "grpc"
 TLS = "grpc+tls"
 PROTOCOLS = (PLAINTEXT, TLS)
@@ -39,8 +41,7 @@ def _read(path: str | None, what: str) -> bytes | None:
     if not path:
         return None
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return secret_files.read(path)
     except OSError as e:
         raise ValueError(f"cannot read the {what} file {path}: {e.strerror or e}") from None
 
@@ -76,9 +77,11 @@ class TlsFiles:
 
     def client_context(self) -> ssl.SSLContext:
         """For the client end of a TCP data stream."""
-        context = ssl.create_default_context(cafile=self.ca_file)
+        with secret_files.as_path(self.ca_file) as ca_file:
+            context = ssl.create_default_context(cafile=ca_file)
         if self.cert_file:
-            context.load_cert_chain(self.cert_file, self.key_file)
+            with secret_files.as_path(self.cert_file) as cert, secret_files.as_path(self.key_file) as key:
+                context.load_cert_chain(cert, key)
         return context
 
 
@@ -102,9 +105,11 @@ class ServerTls:
         """For the server end of the TCP data transfer."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(self.cert_file, self.key_file)
+        with secret_files.as_path(self.cert_file) as cert, secret_files.as_path(self.key_file) as key:
+            context.load_cert_chain(cert, key)
         if self.ca_file:
-            context.load_verify_locations(self.ca_file)
+            with secret_files.as_path(self.ca_file) as ca_file:
+                context.load_verify_locations(ca_file)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 

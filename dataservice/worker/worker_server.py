@@ -27,12 +27,12 @@ from dataservice.monitoring.http_server import MonitoringServer
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import policy, sharding, splits
-from dataservice.rpc import servers
+from dataservice.rpc import servers, tls
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, local, shared_memory, tcp
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.worker import streaming
+from dataservice.worker import sandbox, streaming
 from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator
 from dataservice.worker.cross_trainer_cache import CACHE_CHUNK_ELEMENTS, CachingTaskRunner
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
@@ -59,6 +59,15 @@ class WorkerServer:
         if not isinstance(config, WorkerConfig):
             raise TypeError(f"config must be a WorkerConfig, got {type(config).__name__}")
         self._config = config
+        if config.data_roots:
+            # In place already when data-server started this process; here it fails (SandboxError)
+            # in a process that already runs threads, rather than run pipelines unsandboxed.
+            sandbox.restrict_reads(list(config.data_roots))
+        elif config.auth_token_file or config.protocol == tls.TLS:
+            log.warning(
+                "this worker has credentials (a token or a TLS key) but no data_roots: its pipelines may read any "
+                "file the process can, its credentials included; set data_roots to the directories of its data"
+            )
         self._registry = None
         interceptors = []
         if config.monitoring_port is not None:
