@@ -104,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--auth_token_file", help="file holding the token every RPC must carry (rpc/auth.py)")
     parser.add_argument(
+        "--worker_token_file",
+        help="file holding the token the cluster's servers use with each other (not the clients' token)",
+    )
+    parser.add_argument(
         "--allow_unsafe_ops",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -213,6 +217,7 @@ def _enter_sandbox(config: WorkerConfig) -> None:
     secret_files.preload(
         [
             config.auth_token_file,
+            config.worker_token_file,
             config.tls_cert_file,
             config.tls_key_file,
             config.tls_ca_file,

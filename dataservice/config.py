@@ -48,6 +48,20 @@ def _check_token_file(path: str | None) -> None:
         auth.read_token_file(path)
 
 
+def _check_worker_token_file(config) -> None:
+    path = config.worker_token_file
+    if path is None:
+        return
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"worker_token_file must be a path, got {path!r}")
+    worker_token = auth.read_token_file(path)
+    if config.auth_token_file and auth.matches(worker_token, auth.read_token_file(config.auth_token_file)):
+        raise ValueError(
+            "worker_token_file holds the same token as auth_token_file: the worker token must be a secret of the "
+            "cluster's servers that clients do not have"
+        )
+
+
 def _protocol(protocol: str | None) -> str:
     """The protocol checked; None is the default, "grpc" (as TensorFlow's)."""
     if protocol is None:
@@ -126,6 +140,10 @@ class DispatcherConfig:
       producing elements (pipeline/policy.py); off by default.
     auth_token_file: a file holding the token every RPC must carry (rpc/auth.py);
       None (the default): no token is required.
+    worker_token_file: a file holding the token of the cluster's own servers: workers'
+      calls of the dispatcher (heartbeats, splits, dataset definitions, snapshot commits)
+      must carry it and no other, and the dispatcher sends it to its workers; None: they
+      use auth_token_file's token, shared with clients.
     max_graph_bytes: the largest dataset graph the dispatcher registers (a pipeline
       that embeds its data, from_tensor_slices of an array, is that large).
     worker_max_concurrent_snapshots: how many distributed_save snapshots one worker
@@ -144,6 +162,7 @@ class DispatcherConfig:
     monitoring_port: int | None = None
     allow_unsafe_ops: bool = False
     auth_token_file: str | None = None
+    worker_token_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
@@ -159,6 +178,7 @@ class DispatcherConfig:
         _check_monitoring_port(self.monitoring_port)
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         _check_token_file(self.auth_token_file)
+        _check_worker_token_file(self)
         limit = self.worker_max_concurrent_snapshots
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(
@@ -211,8 +231,11 @@ class WorkerConfig:
       None (the default) serves none.
     allow_unsafe_ops: run pipelines whose graphs write files or act outside
       producing elements (pipeline/policy.py); off by default.
-    auth_token_file: a file holding the token every RPC and data stream must carry,
-      which the worker also sends to its dispatcher (rpc/auth.py); None: none.
+    auth_token_file: a file holding the token clients' RPCs and data streams must carry
+      (rpc/auth.py); None: none.
+    worker_token_file: the cluster servers' own token (as DispatcherConfig's): the worker
+      sends it to its dispatcher and requires it of the dispatcher's task pushes; None: the
+      worker uses auth_token_file's token for those too.
     cross_trainer_cache_size_bytes: the window of each task read with cross_trainer_cache
       (worker/cross_trainer_cache.py); None: 10 GiB, as TensorFlow's.
     data_roots: directories the worker's pipelines may read files under, and nothing else
@@ -236,6 +259,7 @@ class WorkerConfig:
     monitoring_port: int | None = None
     allow_unsafe_ops: bool = False
     auth_token_file: str | None = None
+    worker_token_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
@@ -258,6 +282,7 @@ class WorkerConfig:
         elif not isinstance(cache, int) or isinstance(cache, bool) or cache <= 0:
             raise ValueError(f"cross_trainer_cache_size_bytes must be a positive integer or None, got {cache!r}")
         _check_token_file(self.auth_token_file)
+        _check_worker_token_file(self)
         if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
             raise ValueError(f"dispatcher_address must be 'host:port', got {self.dispatcher_address!r}")
         object.__setattr__(self, "dispatcher_address", strip_protocol(self.dispatcher_address))

@@ -137,8 +137,9 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 
 @dataclasses.dataclass
 class SecureCluster:
-    """`data-server` processes as a production cluster runs them: TLS, a token, and a worker
-    sandboxed to `data_dir`; this process is its client (the CA and token in its environment)."""
+    """`data-server` processes as a production cluster runs them: TLS, a client token, a worker
+    token of the servers' own, and a worker sandboxed to `data_dir`; this process is its client
+    (the CA and the client token in its environment)."""
 
     target: str
     dispatcher: ServerProcess
@@ -146,6 +147,7 @@ class SecureCluster:
     certs: Any
     token: str
     token_file: str
+    worker_token: str
     data_dir: str
 
 
@@ -160,6 +162,9 @@ def secure_cluster(tmp_path_factory):
     token = "t0ken-" + os.urandom(8).hex()
     token_file = base / "token"
     token_file.write_text(token)
+    worker_token = "w0rker-" + os.urandom(8).hex()
+    worker_token_file = base / "worker-token"
+    worker_token_file.write_text(worker_token)
     data_dir = base / "data"
     data_dir.mkdir()
     common = [
@@ -167,6 +172,7 @@ def secure_cluster(tmp_path_factory):
         f"--tls_cert_file={certs.server_cert_file}",
         f"--tls_key_file={certs.server_key_file}",
         f"--auth_token_file={token_file}",
+        f"--worker_token_file={worker_token_file}",
         "--no-monitoring",
     ]
     server_env = {**os.environ, tls.CA_ENV: certs.ca_file}
@@ -195,6 +201,7 @@ def secure_cluster(tmp_path_factory):
                 certs,
                 token,
                 str(token_file),
+                worker_token,
                 str(data_dir),
             )
     finally:

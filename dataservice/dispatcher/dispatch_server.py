@@ -59,7 +59,7 @@ class DispatchServer:
         self._servicer = DispatcherServicer(address=f"the dispatcher at {self._address}")
         dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._servicer, self._server)
         self._health = HealthReporter(self._server, [SERVICE_NAME])
-        self._notifier = GrpcWorkerNotifier(auth_token=security.auth_token, tls=security.as_client())
+        self._notifier = GrpcWorkerNotifier(auth_token=security.server_token, tls=security.as_client())
         self._core: DispatcherCore | None = None
         self._journal: JournalWriter | None = None
         self._monitoring: MonitoringServer | None = None

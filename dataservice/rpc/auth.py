@@ -1,10 +1,15 @@
-"""A shared token that every dispatcher and worker RPC, and every TCP data stream, must carry.
+"""Tokens that every dispatcher and worker RPC, and every TCP data stream, must carry.
 
-Servers read it from `auth_token_file` (a config field; the file holds the token,
-surrounding whitespace ignored). Clients read it from the environment:
-DATASERVICE_AUTH_TOKEN, or the file DATASERVICE_AUTH_TOKEN_FILE names. A worker
-uses its own token to reach the dispatcher, and the dispatcher its own to push
-tasks to workers: a cluster shares one token. gRPC calls carry it as
+Servers read the client token from `auth_token_file` (a config field; the file
+holds the token, surrounding whitespace ignored). Clients read it from the
+environment: DATASERVICE_AUTH_TOKEN, or the file DATASERVICE_AUTH_TOKEN_FILE
+names. With `worker_token_file` as well, the servers' own calls of each other
+(a worker's heartbeats, split and dataset requests, snapshot commits; the
+dispatcher's task pushes: SERVER_METHODS) take that second token and no
+other, and a client's token cannot make them: a client cannot register a
+worker, declare a real one's tasks lost or read its graphs. Without it the
+servers use the one token for everything, as a cluster sharing one secret
+must. gRPC calls carry it as
 `authorization: Bearer TOKEN` metadata; a TCP data stream in its first request.
 A missing or wrong token is UNAUTHENTICATED (clients raise
 tf.errors.UnauthenticatedError naming the server). Tokens are compared in
@@ -74,39 +79,81 @@ def failure(provided: str | None, expected: str | None, server: str) -> str | No
     return _missing_or_wrong(provided, server)
 
 
-class ServerAuthInterceptor(grpc.ServerInterceptor):
-    """Answers UNAUTHENTICATED to every call without the server's token (health checks excepted)."""
+# The methods only the cluster's own servers call: a worker calls these of its dispatcher, the
+# dispatcher these of its workers. With a worker token they take it, and only it.
+SERVER_METHODS = frozenset(
+    {
+        "/dataservice.v1.DispatcherService/WorkerHeartbeat",
+        "/dataservice.v1.DispatcherService/WorkerUpdate",
+        "/dataservice.v1.DispatcherService/GetDatasetDef",
+        "/dataservice.v1.DispatcherService/GetSplits",
+        "/dataservice.v1.DispatcherService/CommitSnapshotChunk",
+        "/dataservice.v1.WorkerService/ProcessTask",
+        "/dataservice.v1.WorkerService/PrepareDataset",
+    }
+)
 
-    def __init__(self, token: str, server: Callable[[], str]):
+
+def _role_failure(provided: str | None, client_token: str | None, worker_token: str, server_method: bool) -> str:
+    """Why a call that presents one role's token to the other role's method is refused, or ""."""
+    if server_method and client_token is not None and matches(provided, client_token):
+        return (
+            "this method is for the cluster's own servers, and a client's token cannot call it "
+            "(workers authenticate with the worker token, worker_token_file)"
+        )
+    if not server_method and matches(provided, worker_token):
+        return "the worker token is for the cluster's own servers: a client needs the client token"
+    return ""
+
+
+class ServerAuthInterceptor(grpc.ServerInterceptor):
+    """Answers UNAUTHENTICATED to every call without the token its method needs (health checks
+    excepted). With a `worker_token`, the methods servers call of each other (SERVER_METHODS) take
+    that token and no other, and the rest take the client `token` (None: they are open), so that a
+    client cannot pose as a worker nor a worker's credential act as a client: presenting the
+    other role's token is PERMISSION_DENIED."""
+
+    def __init__(self, token: str | None, server: Callable[[], str], worker_token: str | None = None):
         self._token = token
+        self._worker_token = worker_token
         self._server = server
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(_OPEN_PREFIXES):
+        method = handler_call_details.method
+        if handler is None or method.startswith(_OPEN_PREFIXES):
             return handler
         provided = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == METADATA_KEY and isinstance(value, str) and value.startswith(_SCHEME):
                 provided = value[len(_SCHEME) :]
-        message = failure(provided, self._token, self._server())
+        server_method = method in SERVER_METHODS
+        expected = self._worker_token if server_method and self._worker_token is not None else self._token
+        message = failure(provided, expected, self._server())
         if message is None:
             return handler
-
+        if self._worker_token is not None:
+            misuse = _role_failure(provided, self._token, self._worker_token, server_method)
+            if misuse:
+                return _refusal(
+                    handler.response_streaming, f"{self._server()}: {misuse}", grpc.StatusCode.PERMISSION_DENIED
+                )
         return _refusal(handler.response_streaming, message)
 
 
-def _refusal(response_streaming: bool, message: str) -> grpc.RpcMethodHandler:
+def _refusal(
+    response_streaming: bool, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED
+) -> grpc.RpcMethodHandler:
     """A handler that answers UNAUTHENTICATED without reading the request: it takes the request
     as a stream (of undecoded bytes) that it never iterates, so gRPC receives no more of it than
     its flow-control window, whatever its size (a unary handler would receive and decode the
     whole message first, up to the server's largest, before the refusal)."""
 
     def refuse(requests, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        context.abort(code, message)
 
     def refuse_stream(requests, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        context.abort(code, message)
         yield  # pragma: no cover - abort raises
 
     if response_streaming:

@@ -35,6 +35,7 @@ class ServerSecurity:
 
     tls: tls.ServerTls | None = None
     auth_token: str | None = None
+    worker_token: str | None = None
 
     @classmethod
     def of(cls, config: Any) -> ServerSecurity:
@@ -43,11 +44,19 @@ class ServerSecurity:
         if config.protocol == tls.TLS:
             server_tls = tls.ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
         token = auth.read_token_file(config.auth_token_file) if config.auth_token_file else None
-        return cls(server_tls, token)
+        worker_token = auth.read_token_file(config.worker_token_file) if config.worker_token_file else None
+        return cls(server_tls, token, worker_token)
+
+    @property
+    def server_token(self) -> str | None:
+        """The token this server presents when it calls another server of the cluster."""
+        return self.worker_token if self.worker_token is not None else self.auth_token
 
     def interceptors(self, server: Callable[[], str]) -> list[grpc.ServerInterceptor]:
         """The authentication interceptor, if a token is required; `server` names the server."""
-        return [auth.ServerAuthInterceptor(self.auth_token, server)] if self.auth_token is not None else []
+        if self.auth_token is None and self.worker_token is None:
+            return []
+        return [auth.ServerAuthInterceptor(self.auth_token, server, worker_token=self.worker_token)]
 
     def credentials(self) -> grpc.ServerCredentials | None:
         """For bind(): None serves plaintext."""

@@ -121,7 +121,7 @@ class WorkerServer:
         self._dispatcher = DispatcherClient(
             config.dispatcher_address,
             config.dispatcher_timeout_ms / 1000,
-            auth_token=security.auth_token,
+            auth_token=security.server_token,
             tls=security.as_client(),
         )
         self._datasets = DatasetCache(self._fetch_dataset_def)

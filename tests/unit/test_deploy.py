@@ -64,11 +64,14 @@ def secret_files(tmp_path_factory):
     certs = make_certificates(str(directory))
     token = directory / "token"
     token.write_text("token-for-the-test")
+    worker_token = directory / "worker-token"
+    worker_token.write_text("servers-token-for-the-test")
     return {
         "/etc/dataservice/tls/tls.crt": certs.server_cert_file,
         "/etc/dataservice/tls/tls.key": certs.server_key_file,
         "/etc/dataservice/tls/ca.crt": certs.ca_file,
         "/etc/dataservice/token/token": str(token),
+        "/etc/dataservice/worker-token/token": str(worker_token),
     }
 
 
@@ -87,6 +90,10 @@ def test_manifest_args_are_valid_flags(doc, container, secret_files):
     config = _config(_args(container, secret_files))
     assert config.port in (5050, 5051)
     assert config.protocol == "grpc+tls" and config.auth_token_file and config.monitoring_port == 8080
+    # Separate credentials for clients and for the servers; workers sandboxed to their data.
+    assert config.worker_token_file and config.worker_token_file != config.auth_token_file
+    if config.port == 5051:
+        assert config.data_roots == ("/data",)
 
 
 @pytest.mark.parametrize("doc, container", CONTAINERS, ids=IDS)
@@ -97,10 +104,10 @@ def test_pods_run_non_root_read_only_with_secrets_mounted(doc, container):
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"]["drop"] == ["ALL"]
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert set(secrets.values()) == {"dataservice-tls", "dataservice-auth-token"}
+    assert set(secrets.values()) == {"dataservice-tls", "dataservice-auth-token", "dataservice-worker-token"}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     for arg in container["args"]:
-        if arg.startswith(("--tls_", "--auth_token_file")):
+        if arg.startswith(("--tls_", "--auth_token_file", "--worker_token_file")):
             path = arg.split("=", 1)[1]
             mount = os.path.dirname(path)
             assert mounts.get(mount) in secrets, f"{arg} is not under a Secret's mount"
