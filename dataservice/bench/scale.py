@@ -93,6 +93,11 @@ def simulate(
             dispatcher_pb2.RegisterDatasetRequest(graph_def=graph_lib.serialize_dataset(source), metadata=metadata)
         ).dataset_id
         clients: list[int] = []
+        keys: dict[int, str] = {}  # each client's iteration read key
+
+        def client_request(client: int) -> dispatcher_pb2.ClientHeartbeatRequest:
+            return dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client, read_key=keys[client])
+
         iterations: list[int] = []
         for job in range(NUM_JOBS):
             job_id = core.get_or_create_job(
@@ -107,15 +112,16 @@ def simulate(
                     dispatcher_pb2.GetOrCreateIterationRequest(job_id=job_id, repetition=0)
                 )
                 clients.append(response.iteration_client_id)
+                keys[response.iteration_client_id] = response.read_key
             iterations.append(response.iteration_id)
         # Each worker runs one task of every job; a task asks for ranges 0, 1, 2, ... in turn.
         tasks_of: dict[str, list[int]] = {address: [] for address in workers}
         task_iteration: dict[int, int] = {}
         for client in clients[::CLIENTS_PER_JOB]:
-            for info in core.client_heartbeat(dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client)).tasks:
+            for info in core.client_heartbeat(client_request(client)).tasks:
                 tasks_of[info.worker_address].append(info.task_id)
         for iteration_id, client in zip(iterations, clients[::CLIENTS_PER_JOB]):
-            heartbeat = core.client_heartbeat(dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client))
+            heartbeat = core.client_heartbeat(client_request(client))
             for info in heartbeat.tasks:
                 task_iteration[info.task_id] = iteration_id
         next_index = dict.fromkeys(task_iteration, 0)
@@ -127,7 +133,7 @@ def simulate(
             return lambda: core.worker_heartbeat(request)
 
         def client_heartbeat(client: int) -> Callable[[], object]:
-            request = dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client)
+            request = client_request(client)
             return lambda: core.client_heartbeat(request)
 
         def split_request(task: int) -> Callable[[], object]:

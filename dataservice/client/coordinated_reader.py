@@ -138,6 +138,7 @@ class CoordinatedReader:
         request = worker_pb2.GetElementRequest(
             task_id=task.task_id,
             iteration_client_id=self.client_id,
+            read_key=self.session.read_key,
             consumer_index=self._consumer_index,
             round=round_index,
             compression=self._compression,

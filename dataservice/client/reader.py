@@ -278,6 +278,7 @@ class _TaskStream:
         yield worker_pb2.StreamElementsRequest(
             task_id=self.task_id,
             iteration_client_id=reader.client_id,
+            read_key=reader.session.read_key,
             compression=reader.compression,
             trainer_id=reader.trainer_id,
             credits=unused + credits.grant(self.task_id, 0, reader.stopped.is_set),

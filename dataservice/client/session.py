@@ -138,6 +138,9 @@ class IterationSession:
             self._dispatcher.close()
             raise
         self.client_id = iteration.iteration_client_id
+        # The iteration's secret: workers serve its tasks, and the dispatcher answers for this
+        # client, only to requests that carry it (read_keys.py).
+        self.read_key = iteration.read_key
         self._waiting_since = time.monotonic()
         self._thread: threading.Thread | None = None
 
@@ -173,7 +176,7 @@ class IterationSession:
 
     def _heartbeat(self) -> None:
         response = self._dispatcher.client_heartbeat(
-            self.client_id, self._current_round(), self._consumed_tasks(), self._reading()
+            self.client_id, self._current_round(), self._consumed_tasks(), self._reading(), read_key=self.read_key
         )
         chosen = tasks_to_read(response.tasks, self._target_workers)
         if len(chosen) != len(response.tasks):
@@ -207,7 +210,7 @@ class IterationSession:
         self._stop.set()
         self._wake.set()
         try:
-            self._dispatcher.release_iteration_client(self.client_id, timeout_s=2)
+            self._dispatcher.release_iteration_client(self.client_id, timeout_s=2, read_key=self.read_key)
         except tf.errors.OpError as e:
             log.debug("releasing iteration client %d failed: %s", self.client_id, e.message)
         if self._thread is not None:

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from dataservice import modes, status
+from dataservice import modes, read_keys, status
 from dataservice.config import NEVER, DispatcherConfig
 from dataservice.dispatcher import resume, status_report
 from dataservice.dispatcher.dataset_store import DatasetStore
@@ -439,7 +439,10 @@ class DispatcherCore:
                 iteration_id = self._state.next_id("iteration")
                 self._commit(
                     create_iteration=journal_pb2.CreateIterationUpdate(
-                        iteration_id=iteration_id, job_id=job.job_id, repetition=request.repetition
+                        iteration_id=iteration_id,
+                        job_id=job.job_id,
+                        repetition=request.repetition,
+                        read_key=read_keys.new_key(),
                     )
                 )
                 log.info(
@@ -453,7 +456,10 @@ class DispatcherCore:
             log.info("client joined", extra=ids(job_id=job.job_id, iteration_id=iteration_id, client_id=client_id))
         for task in new_tasks:
             self._notifier.process_task(task.worker_address, task)
-        return dispatcher_pb2.GetOrCreateIterationResponse(iteration_client_id=client_id, iteration_id=iteration_id)
+        read_key = self._state.iteration(iteration_id).read_key
+        return dispatcher_pb2.GetOrCreateIterationResponse(
+            iteration_client_id=client_id, iteration_id=iteration_id, read_key=read_key
+        )
 
     def _acquire_client(self, iteration_id: IterationId) -> ClientId:
         """Journals a new client of the iteration, heard from now. Call with self._lock held."""
@@ -522,6 +528,7 @@ class DispatcherCore:
                     job_id=job_id,
                     repetition=saved_iteration.repetition,
                     resumes_iteration_id=saved_iteration.iteration_id,
+                    read_key=read_keys.new_key(),
                 )
             )
             self._copy_splits(saved_iteration, iteration_id)
@@ -542,6 +549,7 @@ class DispatcherCore:
             iteration_id=iteration_id,
             repetition=saved_iteration.repetition,
             task_ids=[t.task_id for t in new_tasks],
+            read_key=self._state.iteration(iteration_id).read_key,
         )
 
     def _copy_splits(self, saved_iteration, iteration_id: IterationId) -> None:
@@ -597,12 +605,18 @@ class DispatcherCore:
 
     # ---- clients ---------------------------------------------------------------
 
-    def _client_iteration(self, client_id: int):
+    def _client_iteration(self, client_id: int, read_key: str):
+        """The iteration of the client `client_id`, which must present its read key."""
         iteration = self._state.iteration_of_client(client_id)
         if iteration is None:
             raise status.not_found(
                 f"iteration client {client_id} is not known to {self._where()}: it was released, timed out, "
                 "or the dispatcher restarted without fault_tolerant_mode"
+            )
+        if not read_keys.matches(read_key, iteration.read_key):
+            raise status.permission_denied(
+                f"iteration client {client_id}: the read key is wrong; only the clients that created or joined "
+                f"iteration {iteration.iteration_id} may act for its clients"
             )
         return iteration
 
@@ -615,7 +629,7 @@ class DispatcherCore:
             consume_seconds=request.consume_seconds,
         )
         with self._lock:
-            iteration = self._client_iteration(request.iteration_client_id)
+            iteration = self._client_iteration(request.iteration_client_id, request.read_key)
             now = self._clock()
             self._client_seen[ClientId(request.iteration_client_id)] = now
             self._load.report_client(
@@ -699,7 +713,7 @@ class DispatcherCore:
 
     def release_iteration_client(self, request: dispatcher_pb2.ReleaseIterationClientRequest):
         with self._lock:
-            self._client_iteration(request.iteration_client_id)
+            self._client_iteration(request.iteration_client_id, request.read_key)
             self._release_client(ClientId(request.iteration_client_id))
         return dispatcher_pb2.ReleaseIterationClientResponse()
 

@@ -87,6 +87,9 @@ class Iteration:
     round_limit: int = 0
     # A restored iterator's iteration: the iteration it continues (0: none).
     resumes_iteration_id: int = 0
+    # The secret its clients present to read it (CreateIterationUpdate.read_key; "" in journals
+    # written before read keys: then none is asked for).
+    read_key: str = ""
     # Counts over task_ids, kept by apply() so that split requests and finishing need no scan:
     # tasks not finished, and tasks finished because their data ran out (not lost).
     unfinished_tasks: int = 0
@@ -199,7 +202,7 @@ class DispatcherState:
 
     def _apply_create_iteration(self, u: journal_pb2.CreateIterationUpdate) -> None:
         self._iterations[u.iteration_id] = Iteration(
-            u.iteration_id, u.job_id, u.repetition, resumes_iteration_id=u.resumes_iteration_id
+            u.iteration_id, u.job_id, u.repetition, resumes_iteration_id=u.resumes_iteration_id, read_key=u.read_key
         )
         self._jobs[u.job_id].iterations[u.repetition] = u.iteration_id
         self._bump("iteration", u.iteration_id)
@@ -367,6 +370,7 @@ class DispatcherState:
                         job_id=it.job_id,
                         repetition=it.repetition,
                         resumes_iteration_id=it.resumes_iteration_id,
+                        read_key=it.read_key,
                     )
                 )
             )
@@ -628,6 +632,7 @@ class DispatcherState:
             skip_elements=task.skip_elements,
             repetition=iteration.repetition,
             use_cross_trainer_cache=job.use_cross_trainer_cache,
+            read_key=iteration.read_key,
         )
 
     def tasks_of(self, iteration: Iteration) -> list[Task]:

@@ -163,9 +163,13 @@ class DispatcherClient:
         current_round: int = 0,
         consumed_tasks: Sequence[int] = (),
         reading: ReadingTotals | None = None,
+        read_key: str = "",
     ) -> dispatcher_pb2.ClientHeartbeatResponse:
         request = dispatcher_pb2.ClientHeartbeatRequest(
-            iteration_client_id=iteration_client_id, current_round=current_round, consumed_tasks=consumed_tasks
+            iteration_client_id=iteration_client_id,
+            current_round=current_round,
+            consumed_tasks=consumed_tasks,
+            read_key=read_key,
         )
         if reading is not None:
             request.elements_received = reading.elements
@@ -174,10 +178,12 @@ class DispatcherClient:
             request.consume_seconds = reading.consume_s
         return self._call(self._stub.ClientHeartbeat, request, "client heartbeat")
 
-    def release_iteration_client(self, iteration_client_id: int, timeout_s: float) -> None:
+    def release_iteration_client(self, iteration_client_id: int, timeout_s: float, read_key: str = "") -> None:
         """One try, no retries: releasing is best effort (a silent client is released after
         client_timeout_ms anyway)."""
-        request = dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=iteration_client_id)
+        request = dispatcher_pb2.ReleaseIterationClientRequest(
+            iteration_client_id=iteration_client_id, read_key=read_key
+        )
         try:
             self._stub.ReleaseIterationClient(request, timeout=timeout_s)
         except grpc.RpcError as e:

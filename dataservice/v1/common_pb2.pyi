@@ -59,7 +59,7 @@ class DatasetMetadata(_message.Message):
     def __init__(self, element_spec: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., cardinality: _Optional[int] = ...) -> None: ...
 
 class TaskDef(_message.Message):
-    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers", "num_consumers", "starting_round", "skip_elements", "repetition", "use_cross_trainer_cache", "seconds_per_element")
+    __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers", "num_consumers", "starting_round", "skip_elements", "repetition", "use_cross_trainer_cache", "seconds_per_element", "read_key")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class TaskDef(_message.Message):
     REPETITION_FIELD_NUMBER: _ClassVar[int]
     USE_CROSS_TRAINER_CACHE_FIELD_NUMBER: _ClassVar[int]
     SECONDS_PER_ELEMENT_FIELD_NUMBER: _ClassVar[int]
+    READ_KEY_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_id: int
     job_id: int
@@ -88,7 +89,8 @@ class TaskDef(_message.Message):
     repetition: int
     use_cross_trainer_cache: bool
     seconds_per_element: float
-    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_consumers: _Optional[int] = ..., starting_round: _Optional[int] = ..., skip_elements: _Optional[int] = ..., repetition: _Optional[int] = ..., use_cross_trainer_cache: _Optional[bool] = ..., seconds_per_element: _Optional[float] = ...) -> None: ...
+    read_key: str
+    def __init__(self, task_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[ProcessingModeDef, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_index: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_consumers: _Optional[int] = ..., starting_round: _Optional[int] = ..., skip_elements: _Optional[int] = ..., repetition: _Optional[int] = ..., use_cross_trainer_cache: _Optional[bool] = ..., seconds_per_element: _Optional[float] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("task_id", "worker_address", "transfer_address", "finished", "starting_round", "lost", "worker_tags")

@@ -80,12 +80,14 @@ class GetOrCreateIterationRequest(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., repetition: _Optional[int] = ...) -> None: ...
 
 class GetOrCreateIterationResponse(_message.Message):
-    __slots__ = ("iteration_client_id", "iteration_id")
+    __slots__ = ("iteration_client_id", "iteration_id", "read_key")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    READ_KEY_FIELD_NUMBER: _ClassVar[int]
     iteration_client_id: int
     iteration_id: int
-    def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ...) -> None: ...
+    read_key: str
+    def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("task_id", "elements")
@@ -104,19 +106,21 @@ class ResumeIterationRequest(_message.Message):
     def __init__(self, job: _Optional[_Union[GetOrCreateJobRequest, _Mapping]] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
 
 class ResumeIterationResponse(_message.Message):
-    __slots__ = ("iteration_client_id", "iteration_id", "repetition", "task_ids")
+    __slots__ = ("iteration_client_id", "iteration_id", "repetition", "task_ids", "read_key")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
     TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    READ_KEY_FIELD_NUMBER: _ClassVar[int]
     iteration_client_id: int
     iteration_id: int
     repetition: int
     task_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., repetition: _Optional[int] = ..., task_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    read_key: str
+    def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., repetition: _Optional[int] = ..., task_ids: _Optional[_Iterable[int]] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class ClientHeartbeatRequest(_message.Message):
-    __slots__ = ("iteration_client_id", "current_round", "consumed_tasks", "elements_received", "bytes_received", "wait_seconds", "consume_seconds")
+    __slots__ = ("iteration_client_id", "current_round", "consumed_tasks", "elements_received", "bytes_received", "wait_seconds", "consume_seconds", "read_key")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_TASKS_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +128,7 @@ class ClientHeartbeatRequest(_message.Message):
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONSUME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    READ_KEY_FIELD_NUMBER: _ClassVar[int]
     iteration_client_id: int
     current_round: int
     consumed_tasks: _containers.RepeatedScalarFieldContainer[int]
@@ -131,7 +136,8 @@ class ClientHeartbeatRequest(_message.Message):
     bytes_received: int
     wait_seconds: float
     consume_seconds: float
-    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ..., consumed_tasks: _Optional[_Iterable[int]] = ..., elements_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consume_seconds: _Optional[float] = ...) -> None: ...
+    read_key: str
+    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ..., consumed_tasks: _Optional[_Iterable[int]] = ..., elements_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consume_seconds: _Optional[float] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class ClientHeartbeatResponse(_message.Message):
     __slots__ = ("tasks", "iteration_finished", "round_limit")
@@ -144,10 +150,12 @@ class ClientHeartbeatResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[_common_pb2.TaskInfo, _Mapping]]] = ..., iteration_finished: _Optional[bool] = ..., round_limit: _Optional[int] = ...) -> None: ...
 
 class ReleaseIterationClientRequest(_message.Message):
-    __slots__ = ("iteration_client_id",)
+    __slots__ = ("iteration_client_id", "read_key")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    READ_KEY_FIELD_NUMBER: _ClassVar[int]
     iteration_client_id: int
-    def __init__(self, iteration_client_id: _Optional[int] = ...) -> None: ...
+    read_key: str
+    def __init__(self, iteration_client_id: _Optional[int] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class ReleaseIterationClientResponse(_message.Message):
     __slots__ = ()

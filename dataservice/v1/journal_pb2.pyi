@@ -90,16 +90,18 @@ class CreateJobUpdate(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., dataset_id: _Optional[str] = ..., processing_mode: _Optional[_Union[_common_pb2.ProcessingModeDef, _Mapping]] = ..., job_name: _Optional[str] = ..., num_consumers: _Optional[int] = ..., target_workers: _Optional[_Union[_common_pb2.TargetWorkers, str]] = ..., split_group_sizes: _Optional[_Iterable[int]] = ..., use_cross_trainer_cache: _Optional[bool] = ...) -> None: ...
 
 class CreateIterationUpdate(_message.Message):
-    __slots__ = ("iteration_id", "job_id", "repetition", "resumes_iteration_id")
+    __slots__ = ("iteration_id", "job_id", "repetition", "resumes_iteration_id", "read_key")
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
     RESUMES_ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    READ_KEY_FIELD_NUMBER: _ClassVar[int]
     iteration_id: int
     job_id: int
     repetition: int
     resumes_iteration_id: int
-    def __init__(self, iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., repetition: _Optional[int] = ..., resumes_iteration_id: _Optional[int] = ...) -> None: ...
+    read_key: str
+    def __init__(self, iteration_id: _Optional[int] = ..., job_id: _Optional[int] = ..., repetition: _Optional[int] = ..., resumes_iteration_id: _Optional[int] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class SplitRange(_message.Message):
     __slots__ = ("split_group", "repetition", "begin", "end")

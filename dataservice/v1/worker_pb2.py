@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dataservice.v1 import common_pb2 as dataservice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61taservice/v1/worker.proto\x12\x0e\x64\x61taservice.v1\x1a\x1b\x64\x61taservice/v1/common.proto\"+\n\x15PrepareDatasetRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x18\n\x16PrepareDatasetResponse\";\n\x12ProcessTaskRequest\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.dataservice.v1.TaskDef\"\x15\n\x13ProcessTaskResponse\"\x9b\x02\n\x15StreamElementsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x1b\n\x13iteration_client_id\x18\x02 \x01(\x03\x12 \n\x18max_elements_per_message\x18\x03 \x01(\x03\x12\x0f\n\x07\x63redits\x18\x04 \x01(\x03\x12\x30\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x1b.dataservice.v1.Compression\x12\x12\n\nauth_token\x18\x06 \x01(\t\x12\x12\n\ntrainer_id\x18\x07 \x01(\t\x12\x1b\n\x13shared_memory_bytes\x18\x08 \x01(\x03\x12\x18\n\x10released_regions\x18\t \x03(\x03\x12\x10\n\x08received\x18\n \x01(\x03\"\xf6\x01\n\x16StreamElementsResponse\x12,\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1c.dataservice.v1.ElementChunk\x12\x17\n\x0f\x65nd_of_sequence\x18\x02 \x01(\x08\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x12\n\nring_bytes\x18\x05 \x01(\x03\x12\x15\n\rregion_offset\x18\x06 \x01(\x03\x12\x13\n\x0bregion_size\x18\x07 \x01(\x03\x12\x15\n\rfirst_element\x18\x08 \x01(\x03\x12\x13\n\x0b\x61\x63knowledge\x18\t \x01(\x08\"\x9a\x01\n\x11GetElementRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x1b\n\x13iteration_client_id\x18\x02 \x01(\x03\x12\x16\n\x0e\x63onsumer_index\x18\x03 \x01(\x03\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x30\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x1b.dataservice.v1.Compression\"m\n\x12GetElementResponse\x12+\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1c.dataservice.v1.ElementChunk\x12\x17\n\x0f\x65nd_of_sequence\x18\x02 \x01(\x08\x12\x11\n\tnot_ready\x18\x03 \x01(\x08\x32\x82\x03\n\rWorkerService\x12V\n\x0bProcessTask\x12\".dataservice.v1.ProcessTaskRequest\x1a#.dataservice.v1.ProcessTaskResponse\x12\x63\n\x0eStreamElements\x12%.dataservice.v1.StreamElementsRequest\x1a&.dataservice.v1.StreamElementsResponse(\x01\x30\x01\x12S\n\nGetElement\x12!.dataservice.v1.GetElementRequest\x1a\".dataservice.v1.GetElementResponse\x12_\n\x0ePrepareDataset\x12%.dataservice.v1.PrepareDatasetRequest\x1a&.dataservice.v1.PrepareDatasetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61taservice/v1/worker.proto\x12\x0e\x64\x61taservice.v1\x1a\x1b\x64\x61taservice/v1/common.proto\"+\n\x15PrepareDatasetRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x18\n\x16PrepareDatasetResponse\";\n\x12ProcessTaskRequest\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.dataservice.v1.TaskDef\"\x15\n\x13ProcessTaskResponse\"\xad\x02\n\x15StreamElementsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x1b\n\x13iteration_client_id\x18\x02 \x01(\x03\x12 \n\x18max_elements_per_message\x18\x03 \x01(\x03\x12\x0f\n\x07\x63redits\x18\x04 \x01(\x03\x12\x30\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x1b.dataservice.v1.Compression\x12\x12\n\nauth_token\x18\x06 \x01(\t\x12\x12\n\ntrainer_id\x18\x07 \x01(\t\x12\x1b\n\x13shared_memory_bytes\x18\x08 \x01(\x03\x12\x18\n\x10released_regions\x18\t \x03(\x03\x12\x10\n\x08received\x18\n \x01(\x03\x12\x10\n\x08read_key\x18\x0b \x01(\t\"\xf6\x01\n\x16StreamElementsResponse\x12,\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1c.dataservice.v1.ElementChunk\x12\x17\n\x0f\x65nd_of_sequence\x18\x02 \x01(\x08\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x12\n\nring_bytes\x18\x05 \x01(\x03\x12\x15\n\rregion_offset\x18\x06 \x01(\x03\x12\x13\n\x0bregion_size\x18\x07 \x01(\x03\x12\x15\n\rfirst_element\x18\x08 \x01(\x03\x12\x13\n\x0b\x61\x63knowledge\x18\t \x01(\x08\"\xac\x01\n\x11GetElementRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x1b\n\x13iteration_client_id\x18\x02 \x01(\x03\x12\x16\n\x0e\x63onsumer_index\x18\x03 \x01(\x03\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x30\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x1b.dataservice.v1.Compression\x12\x10\n\x08read_key\x18\x06 \x01(\t\"m\n\x12GetElementResponse\x12+\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1c.dataservice.v1.ElementChunk\x12\x17\n\x0f\x65nd_of_sequence\x18\x02 \x01(\x08\x12\x11\n\tnot_ready\x18\x03 \x01(\x08\x32\x82\x03\n\rWorkerService\x12V\n\x0bProcessTask\x12\".dataservice.v1.ProcessTaskRequest\x1a#.dataservice.v1.ProcessTaskResponse\x12\x63\n\x0eStreamElements\x12%.dataservice.v1.StreamElementsRequest\x1a&.dataservice.v1.StreamElementsResponse(\x01\x30\x01\x12S\n\nGetElement\x12!.dataservice.v1.GetElementRequest\x1a\".dataservice.v1.GetElementResponse\x12_\n\x0ePrepareDataset\x12%.dataservice.v1.PrepareDatasetRequest\x1a&.dataservice.v1.PrepareDatasetResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,13 +41,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROCESSTASKRESPONSE']._serialized_start=208
   _globals['_PROCESSTASKRESPONSE']._serialized_end=229
   _globals['_STREAMELEMENTSREQUEST']._serialized_start=232
-  _globals['_STREAMELEMENTSREQUEST']._serialized_end=515
-  _globals['_STREAMELEMENTSRESPONSE']._serialized_start=518
-  _globals['_STREAMELEMENTSRESPONSE']._serialized_end=764
-  _globals['_GETELEMENTREQUEST']._serialized_start=767
-  _globals['_GETELEMENTREQUEST']._serialized_end=921
-  _globals['_GETELEMENTRESPONSE']._serialized_start=923
-  _globals['_GETELEMENTRESPONSE']._serialized_end=1032
-  _globals['_WORKERSERVICE']._serialized_start=1035
-  _globals['_WORKERSERVICE']._serialized_end=1421
+  _globals['_STREAMELEMENTSREQUEST']._serialized_end=533
+  _globals['_STREAMELEMENTSRESPONSE']._serialized_start=536
+  _globals['_STREAMELEMENTSRESPONSE']._serialized_end=782
+  _globals['_GETELEMENTREQUEST']._serialized_start=785
+  _globals['_GETELEMENTREQUEST']._serialized_end=957
+  _globals['_GETELEMENTRESPONSE']._serialized_start=959
+  _globals['_GETELEMENTRESPONSE']._serialized_end=1068
+  _globals['_WORKERSERVICE']._serialized_start=1071
+  _globals['_WORKERSERVICE']._serialized_end=1457
 # @@protoc_insertion_point(module_scope)

@@ -28,7 +28,7 @@ class ProcessTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamElementsRequest(_message.Message):
-    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message", "credits", "compression", "auth_token", "trainer_id", "shared_memory_bytes", "released_regions", "received")
+    __slots__ = ("task_id", "iteration_client_id", "max_elements_per_message", "credits", "compression", "auth_token", "trainer_id", "shared_memory_bytes", "released_regions", "received", "read_key")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_ELEMENTS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class StreamElementsRequest(_message.Message):
     SHARED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     RELEASED_REGIONS_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    READ_KEY_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_client_id: int
     max_elements_per_message: int
@@ -49,7 +50,8 @@ class StreamElementsRequest(_message.Message):
     shared_memory_bytes: int
     released_regions: _containers.RepeatedScalarFieldContainer[int]
     received: int
-    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ..., auth_token: _Optional[str] = ..., trainer_id: _Optional[str] = ..., shared_memory_bytes: _Optional[int] = ..., released_regions: _Optional[_Iterable[int]] = ..., received: _Optional[int] = ...) -> None: ...
+    read_key: str
+    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ..., auth_token: _Optional[str] = ..., trainer_id: _Optional[str] = ..., shared_memory_bytes: _Optional[int] = ..., released_regions: _Optional[_Iterable[int]] = ..., received: _Optional[int] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class StreamElementsResponse(_message.Message):
     __slots__ = ("chunks", "end_of_sequence", "error_code", "error_message", "ring_bytes", "region_offset", "region_size", "first_element", "acknowledge")
@@ -74,18 +76,20 @@ class StreamElementsResponse(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., ring_bytes: _Optional[int] = ..., region_offset: _Optional[int] = ..., region_size: _Optional[int] = ..., first_element: _Optional[int] = ..., acknowledge: _Optional[bool] = ...) -> None: ...
 
 class GetElementRequest(_message.Message):
-    __slots__ = ("task_id", "iteration_client_id", "consumer_index", "round", "compression")
+    __slots__ = ("task_id", "iteration_client_id", "consumer_index", "round", "compression", "read_key")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_INDEX_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    READ_KEY_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     iteration_client_id: int
     consumer_index: int
     round: int
     compression: _common_pb2.Compression
-    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., consumer_index: _Optional[int] = ..., round: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ...) -> None: ...
+    read_key: str
+    def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., consumer_index: _Optional[int] = ..., round: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class GetElementResponse(_message.Message):
     __slots__ = ("chunk", "end_of_sequence", "not_ready")

@@ -160,6 +160,14 @@ def check_round_request(request: worker_pb2.GetElementRequest) -> None:
         raise status.invalid_argument("bad GetElement request: " + "; ".join(problems))
 
 
+def _check_read_key(worker: StreamContext, request: worker_pb2.StreamElementsRequest | worker_pb2.GetElementRequest):
+    if not worker.tasks.may_read(request.task_id, request.read_key):
+        raise status.permission_denied(
+            f"worker {worker.worker_address}: task {request.task_id} belongs to an iteration this client did not "
+            "create or join (its read key is wrong)"
+        )
+
+
 def stream_task(
     worker: StreamContext,
     request: worker_pb2.StreamElementsRequest,
@@ -175,6 +183,7 @@ def stream_task(
     runner = worker.tasks.wait_for(request.task_id, UNKNOWN_TASK_WAIT_S)
     if runner is None and not worker.tasks.is_finished(request.task_id):
         raise status.unavailable(unknown_task_message(worker.worker_address, request.task_id))
+    _check_read_key(worker, request)
     client_id = request.iteration_client_id
     if not worker.limiter.acquire(client_id):
         raise status.ServiceError(
@@ -295,6 +304,7 @@ def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) ->
     (within ROUND_WAIT_S), or end_of_sequence. Raises status.ServiceError."""
     check_round_request(request)
     runner = worker.tasks.wait_for(request.task_id, UNKNOWN_TASK_WAIT_S)
+    _check_read_key(worker, request)
     if runner is None:
         if worker.tasks.is_finished(request.task_id):
             return worker_pb2.GetElementResponse(end_of_sequence=True), []

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from dataservice import read_keys
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.task_runner import TaskRunner
 
@@ -31,6 +32,8 @@ class TaskBook:
         self._round_robins: dict[int, RoundRobinServer] = {}
         self._finished: set[int] = set()
         self._unreported: set[int] = set()
+        # Each task's iteration read key (read_keys.py), kept while the worker knows the task.
+        self._read_keys: dict[int, str] = {}
         self._closed = False
 
     def is_known(self, task_id: int) -> bool:
@@ -38,14 +41,21 @@ class TaskBook:
         with self._lock:
             return self._closed or task_id in self._runners or task_id in self._finished
 
-    def add(self, task_id: int, start: Callable[[], tuple[TaskRunner, RoundRobinServer | None]]) -> TaskRunner | None:
+    def add(
+        self,
+        task_id: int,
+        start: Callable[[], tuple[TaskRunner, RoundRobinServer | None]],
+        read_key: str = "",
+    ) -> TaskRunner | None:
         """Starts a task with `start` (called under the lock, so a task is never started twice)
-        and records its runner and round server; None if it is known already."""
+        and records its runner, round server and its iteration's read key; None if it is known
+        already."""
         with self._lock:
             if self._closed or task_id in self._runners or task_id in self._finished:
                 return None
             runner, round_robin = start()
             self._runners[task_id] = runner
+            self._read_keys[task_id] = read_key
             if round_robin is not None:
                 self._round_robins[task_id] = round_robin
             self._changed.notify_all()
@@ -64,9 +74,18 @@ class TaskBook:
             self._changed.notify_all()
             return runner
 
+    def may_read(self, task_id: int, read_key: str) -> bool:
+        """Whether `read_key` is the key of the task's iteration (a task the book does not know,
+        or whose key it has forgotten, has no key to compare: streams then wait or end as for any
+        unknown or finished task)."""
+        with self._lock:
+            expected = self._read_keys.get(task_id, "")
+        return read_keys.matches(read_key, expected)
+
     def remove(self, task_id: int) -> TaskRunner | None:
         """Forgets a running task the dispatcher stopped; returns its runner for the caller to stop."""
         with self._lock:
+            self._read_keys.pop(task_id, None)
             self._round_robins.pop(task_id, None)
             return self._runners.pop(task_id, None)
 

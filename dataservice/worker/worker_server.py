@@ -321,7 +321,7 @@ class WorkerServer:
             rounds = RoundRobinServer(runner, task.num_consumers, task.starting_round) if task.num_consumers else None
             return runner, rounds
 
-        if self._tasks.add(task.task_id, start) is None:
+        if self._tasks.add(task.task_id, start, read_key=task.read_key) is None:
             return
         log.info(
             "task started",

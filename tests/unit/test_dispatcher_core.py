@@ -86,14 +86,26 @@ def start_iteration(core, dataset_id, policy=OFF, job_name="", num_consumers=0, 
             num_consumers=num_consumers,
         )
     )
-    return core.get_or_create_iteration(
+    response = core.get_or_create_iteration(
         dispatcher_pb2.GetOrCreateIterationRequest(job_id=job.job_id, repetition=repetition)
     )
+    _READ_KEYS[(id(core), response.iteration_client_id)] = response.read_key
+    return response
+
+
+# The read key each client of a core was given (read_keys.py), as a client keeps it.
+_READ_KEYS: dict[tuple[int, int], str] = {}
+
+
+def read_key(core, client_id) -> str:
+    return _READ_KEYS.get((id(core), client_id), "")
 
 
 def client_heartbeat(core, client_id, current_round=0):
     return core.client_heartbeat(
-        dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client_id, current_round=current_round)
+        dispatcher_pb2.ClientHeartbeatRequest(
+            iteration_client_id=client_id, current_round=current_round, read_key=read_key(core, client_id)
+        )
     )
 
 
@@ -237,7 +249,9 @@ def test_an_anonymous_iteration_ends_when_its_client_releases_it(clock, notifier
     heartbeat(core, "w1:1")
     iteration = start_iteration(core, register(core, tf.data.Dataset.range(10)))
     core.release_iteration_client(
-        dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=iteration.iteration_client_id)
+        dispatcher_pb2.ReleaseIterationClientRequest(
+            iteration_client_id=iteration.iteration_client_id, read_key=iteration.read_key
+        )
     )
     assert core.summary()["unfinished_iterations"] == 0
     assert heartbeat(core, "w1:1", current=(1,)).tasks_to_delete == [1]
@@ -248,7 +262,9 @@ def test_named_iterations_wait_job_gc_timeout_for_another_client(clock, notifier
     heartbeat(core, "w1:1")
     iteration = start_iteration(core, register(core, tf.data.Dataset.range(10)), job_name="shared")
     core.release_iteration_client(
-        dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=iteration.iteration_client_id)
+        dispatcher_pb2.ReleaseIterationClientRequest(
+            iteration_client_id=iteration.iteration_client_id, read_key=iteration.read_key
+        )
     )
     clock.advance(4.0)
     heartbeat(core, "w1:1", current=(1,))
@@ -268,7 +284,9 @@ def test_job_gc_timeout_minus_one_keeps_named_iterations_for_good(clock, notifie
     anonymous = start_iteration(core, dataset_id)
     for iteration in (named, anonymous):
         core.release_iteration_client(
-            dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=iteration.iteration_client_id)
+            dispatcher_pb2.ReleaseIterationClientRequest(
+                iteration_client_id=iteration.iteration_client_id, read_key=iteration.read_key
+            )
         )
     for _ in range(3):
         clock.advance(10**6)
@@ -329,6 +347,7 @@ def reading_heartbeat(core, client_id, elements, wait_s, consume_s, nbytes=0):
     return core.client_heartbeat(
         dispatcher_pb2.ClientHeartbeatRequest(
             iteration_client_id=client_id,
+            read_key=read_key(core, client_id),
             elements_received=elements,
             bytes_received=nbytes,
             wait_seconds=wait_s,
@@ -416,3 +435,27 @@ def test_worker_loads_of_foreign_tasks_are_ignored_and_bad_values_refused(clock,
     with pytest.raises(status.ServiceError) as raised:
         loaded_heartbeat(core, "w1:1", tasks["w1:1"], elements=10, processing_s=float("inf"))
     assert raised.value.code == status.Code.INVALID_ARGUMENT and "processing_seconds" in raised.value.message
+
+
+def test_only_holders_of_an_iterations_read_key_act_for_its_clients(clock, notifier, tmp_path):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    iteration = start_iteration(core, register(core, tf.data.Dataset.range(10)))
+    assert len(iteration.read_key) == 32
+    other = start_iteration(core, register(core, tf.data.Dataset.range(5)))
+    assert other.read_key != iteration.read_key
+    client = iteration.iteration_client_id
+    for wrong in ("", other.read_key, iteration.read_key[:-1] + "0"):
+        with pytest.raises(status.ServiceError) as raised:
+            core.client_heartbeat(dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client, read_key=wrong))
+        assert raised.value.code == status.Code.PERMISSION_DENIED and "read key" in raised.value.message
+        with pytest.raises(status.ServiceError) as raised:
+            core.release_iteration_client(
+                dispatcher_pb2.ReleaseIterationClientRequest(iteration_client_id=client, read_key=wrong)
+            )
+        assert raised.value.code == status.Code.PERMISSION_DENIED
+    assert core.summary()["unfinished_iterations"] == 2, "nothing was released"
+    # The workers running its tasks get the key with each task.
+    tasks = heartbeat(core, "w1:1").new_tasks
+    assert {t.read_key for t in tasks} == {iteration.read_key, other.read_key}
+    assert client_heartbeat(core, client).tasks
