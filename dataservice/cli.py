@@ -82,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
         help="worker: comma-separated tags (COLOCATED: read only by clients on its host)",
     )
     parser.add_argument(
+        "--snapshot_roots",
+        type=lambda value: [root for root in value.split(",") if root],
+        help="dispatcher: comma-separated directories distributed_save may write under (default: anywhere)",
+    )
+    parser.add_argument(
         "--data_roots",
         type=lambda value: [root for root in value.split(",") if root],
         help="worker: comma-separated directories its pipelines may read files under, enforced by the kernel "

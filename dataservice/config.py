@@ -48,6 +48,15 @@ def _check_token_file(path: str | None) -> None:
         auth.read_token_file(path)
 
 
+def _absolute_paths(name: str, paths: Sequence[str]) -> tuple[str, ...]:
+    """`paths` checked: a non-empty list of absolute directory paths (None is handled by the caller)."""
+    if isinstance(paths, str) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
+        raise ValueError(f"{name} must be a list of absolute directory paths, got {paths!r}")
+    if not paths:
+        raise ValueError(f"{name} must name at least one directory (None: no restriction)")
+    return tuple(paths)
+
+
 def _check_worker_token_file(config) -> None:
     path = config.worker_token_file
     if path is None:
@@ -148,6 +157,8 @@ class DispatcherConfig:
       that embeds its data, from_tensor_slices of an array, is that large).
     worker_max_concurrent_snapshots: how many distributed_save snapshots one worker
       writes chunks of at once (one chunk of each); 0 (the default): all of them.
+    snapshot_roots: directories distributed_save may write under (a save elsewhere is
+      PERMISSION_DENIED); None (the default): anywhere the servers can write, as in TensorFlow.
     """
 
     port: int = 0
@@ -168,6 +179,7 @@ class DispatcherConfig:
     tls_ca_file: str | None = None
     max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
     worker_max_concurrent_snapshots: int = 0
+    snapshot_roots: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         _check_port(self.port)
@@ -179,6 +191,8 @@ class DispatcherConfig:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         _check_token_file(self.auth_token_file)
         _check_worker_token_file(self)
+        if self.snapshot_roots is not None:
+            object.__setattr__(self, "snapshot_roots", _absolute_paths("snapshot_roots", self.snapshot_roots))
         limit = self.worker_max_concurrent_snapshots
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(
@@ -269,13 +283,8 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
-        roots = self.data_roots
-        if roots is not None:
-            if isinstance(roots, str) or not all(isinstance(r, str) and r.startswith("/") for r in roots):
-                raise ValueError(f"data_roots must be a list of absolute directory paths, got {roots!r}")
-            if not roots:
-                raise ValueError("data_roots must name at least one directory (None: reads are unrestricted)")
-            object.__setattr__(self, "data_roots", tuple(roots))
+        if self.data_roots is not None:
+            object.__setattr__(self, "data_roots", _absolute_paths("data_roots", self.data_roots))
         cache = self.cross_trainer_cache_size_bytes
         if cache is None:
             object.__setattr__(self, "cross_trainer_cache_size_bytes", DEFAULT_CROSS_TRAINER_CACHE_BYTES)

@@ -138,8 +138,9 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 @dataclasses.dataclass
 class SecureCluster:
     """`data-server` processes as a production cluster runs them: TLS, a client token, a worker
-    token of the servers' own, and a worker sandboxed to `data_dir`; this process is its client
-    (the CA and the client token in its environment)."""
+    token of the servers' own, distributed_save confined to `snapshots_dir`, and a worker
+    sandboxed to both; this process is its client (the CA and the client token in its
+    environment)."""
 
     target: str
     dispatcher: ServerProcess
@@ -149,6 +150,7 @@ class SecureCluster:
     token_file: str
     worker_token: str
     data_dir: str
+    snapshots_dir: str
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +169,8 @@ def secure_cluster(tmp_path_factory):
     worker_token_file.write_text(worker_token)
     data_dir = base / "data"
     data_dir.mkdir()
+    snapshots_dir = base / "snapshots"
+    snapshots_dir.mkdir()
     common = [
         "--protocol=grpc+tls",
         f"--tls_cert_file={certs.server_cert_file}",
@@ -178,13 +182,21 @@ def secure_cluster(tmp_path_factory):
     server_env = {**os.environ, tls.CA_ENV: certs.ca_file}
     started: list[ServerProcess] = []
     try:
-        dispatcher = ServerProcess("--role=dispatcher", "--port=0", *common, env=server_env)
+        dispatcher = ServerProcess(
+            "--role=dispatcher",
+            "--port=0",
+            f"--work_dir={base / 'work'}",
+            "--fault_tolerant_mode",
+            f"--snapshot_roots={snapshots_dir}",
+            *common,
+            env=server_env,
+        )
         started.append(dispatcher)
         worker = ServerProcess(
             "--role=worker",
             "--port=0",
             f"--dispatcher_address={dispatcher.address}",
-            f"--data_roots={data_dir}",
+            f"--data_roots={data_dir},{snapshots_dir}",
             "--heartbeat_interval_ms=200",
             *common,
             env=server_env,
@@ -203,6 +215,7 @@ def secure_cluster(tmp_path_factory):
                 str(token_file),
                 worker_token,
                 str(data_dir),
+                str(snapshots_dir),
             )
     finally:
         for server in started:

@@ -138,6 +138,7 @@ class DispatcherCore:
             config.fault_tolerant_mode,
             config.worker_max_concurrent_snapshots,
             self._where(),
+            snapshot_roots=config.snapshot_roots,
         )
         self._snapshots.repair_files()
 

@@ -47,6 +47,11 @@ class DispatchServer:
             self._registry = metrics.new_registry(metrics.DispatcherCollector(self._status_or_empty))
             interceptors.append(metrics.RpcMetricsInterceptor(self._registry))
         security = servers.ServerSecurity.of(self._config)
+        if security.auth_token is not None and self._config.fault_tolerant_mode and not self._config.snapshot_roots:
+            log.warning(
+                "this dispatcher requires a token but has no snapshot_roots: any client with the token may have "
+                "distributed_save write under any path the servers can write; set snapshot_roots"
+            )
         interceptors.extend(security.interceptors(lambda: f"the dispatcher at {self._address}"))
         self._server = servers.new_server(
             max_workers=32,

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import snapshot_pb2
@@ -139,6 +139,7 @@ class SnapshotCoordinator:
         fault_tolerant: bool,
         max_snapshots_per_worker: int,
         where: str,
+        snapshot_roots: Sequence[str] | None = None,
     ):
         self._state = state
         self._commit = commit
@@ -148,12 +149,27 @@ class SnapshotCoordinator:
         self._registered = registered
         self._fault_tolerant = fault_tolerant
         self._where = where
+        # Where distributed_save may write (DispatcherConfig.snapshot_roots); None: anywhere.
+        self._snapshot_roots = [os.path.realpath(root) for root in snapshot_roots] if snapshot_roots else None
         self.assignments = ChunkAssignments(max_snapshots_per_worker)
+
+    def _check_under_roots(self, path: str) -> None:
+        """PERMISSION_DENIED unless `path` lies under a snapshot root once `..` and the symlinks of
+        its existing parts are resolved (a link under a root to elsewhere does not count)."""
+        if self._snapshot_roots is None:
+            return
+        resolved = os.path.realpath(path)
+        if not any(os.path.commonpath([resolved, root]) == root and resolved != root for root in self._snapshot_roots):
+            raise status.permission_denied(
+                f"{self._where} writes distributed_save snapshots only under its snapshot_roots "
+                f"{self._snapshot_roots}, and {path!r} is not under them"
+            )
 
     def start(self, request: dispatcher_pb2.SnapshotRequest) -> dispatcher_pb2.SnapshotResponse:
         path = request.path
         if not path or not os.path.isabs(path):
             raise status.invalid_argument(f"the snapshot path must be an absolute path, got {path!r}")
+        self._check_under_roots(path)
         if not self._fault_tolerant:
             raise status.invalid_argument(
                 "tf.data distributed snapshot requires running tf.data service in the fault tolerant mode: "
