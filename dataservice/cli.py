@@ -126,6 +126,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--monitoring", action=argparse.BooleanOptionalAction, default=True, help="serve the monitoring port"
     )
+    parser.add_argument(
+        "--monitoring_token_file", help="file holding the token the monitoring pages need (not /healthz, /readyz)"
+    )
+    parser.add_argument(
+        "--monitoring_tls",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the monitoring port over HTTPS with the server's certificate",
+    )
     parser.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument(
         "--log_format", default="text", choices=list(logs.FORMATS), help="json: one JSON object per log line"
@@ -223,6 +232,7 @@ def _enter_sandbox(config: WorkerConfig) -> None:
         [
             config.auth_token_file,
             config.worker_token_file,
+            config.monitoring_token_file,
             config.tls_cert_file,
             config.tls_key_file,
             config.tls_ca_file,

@@ -36,6 +36,19 @@ def _check_monitoring_port(port: int | None) -> None:
             )
 
 
+def _check_monitoring_security(config) -> None:
+    _check_bool("monitoring_tls", config.monitoring_tls)
+    if config.monitoring_tls and not (config.tls_cert_file and config.tls_key_file):
+        raise ValueError(
+            "monitoring_tls serves the monitoring port with the server's certificate: it needs "
+            "protocol='grpc+tls' with tls_cert_file and tls_key_file"
+        )
+    if config.monitoring_token_file is not None:
+        if not isinstance(config.monitoring_token_file, str) or not config.monitoring_token_file:
+            raise ValueError(f"monitoring_token_file must be a path, got {config.monitoring_token_file!r}")
+        auth.read_token_file(config.monitoring_token_file)
+
+
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -145,6 +158,9 @@ class DispatcherConfig:
     TensorFlow's Python API.
     monitoring_port: the HTTP port of /metrics (Prometheus), the status page (/) and
       /status.json; 0 picks a free port; None (the default) serves none.
+    monitoring_token_file: a file holding the token every monitoring page but /healthz and
+      /readyz needs (monitoring/http_server.py); None: open.
+    monitoring_tls: serve the monitoring port over HTTPS with tls_cert_file and tls_key_file.
     allow_unsafe_ops: register datasets whose graphs write files or act outside
       producing elements (pipeline/policy.py); off by default.
     auth_token_file: a file holding the token every RPC must carry (rpc/auth.py);
@@ -171,6 +187,8 @@ class DispatcherConfig:
     worker_timeout_ms: int | None = None
     client_timeout_ms: int | None = None
     monitoring_port: int | None = None
+    monitoring_token_file: str | None = None
+    monitoring_tls: bool = False
     allow_unsafe_ops: bool = False
     auth_token_file: str | None = None
     worker_token_file: str | None = None
@@ -188,6 +206,7 @@ class DispatcherConfig:
         if not isinstance(self.max_graph_bytes, int) or not 0 < self.max_graph_bytes < 2**31 - 2**20:
             raise ValueError(f"max_graph_bytes must be in (0, 2 GiB - 1 MiB), got {self.max_graph_bytes!r}")
         _check_monitoring_port(self.monitoring_port)
+        _check_monitoring_security(self)
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         _check_token_file(self.auth_token_file)
         _check_worker_token_file(self)
@@ -243,6 +262,7 @@ class WorkerConfig:
     data_transfer_port: the port the TCP transfer binds; 0 picks a free one.
     monitoring_port: the HTTP port of /metrics (Prometheus); 0 picks a free port;
       None (the default) serves none.
+    monitoring_token_file / monitoring_tls: as for DispatcherConfig.
     allow_unsafe_ops: run pipelines whose graphs write files or act outside
       producing elements (pipeline/policy.py); off by default.
     auth_token_file: a file holding the token clients' RPCs and data streams must carry
@@ -271,6 +291,8 @@ class WorkerConfig:
     data_transfer_address: str | None = None
     data_transfer_port: int = 0
     monitoring_port: int | None = None
+    monitoring_token_file: str | None = None
+    monitoring_tls: bool = False
     allow_unsafe_ops: bool = False
     auth_token_file: str | None = None
     worker_token_file: str | None = None
@@ -317,6 +339,7 @@ class WorkerConfig:
         object.__setattr__(self, "worker_tags", tuple(tags))
         _check_port(self.data_transfer_port)
         _check_monitoring_port(self.monitoring_port)
+        _check_monitoring_security(self)
         if self.data_transfer_address is None:
             host = self.worker_address.rpartition(":")[0] if ":" in self.worker_address else self.worker_address
             object.__setattr__(self, "data_transfer_address", f"{host}:%dts_port%")

@@ -138,9 +138,9 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 @dataclasses.dataclass
 class SecureCluster:
     """`data-server` processes as a production cluster runs them: TLS, a client token, a worker
-    token of the servers' own, distributed_save confined to `snapshots_dir`, and a worker
-    sandboxed to both; this process is its client (the CA and the client token in its
-    environment)."""
+    token of the servers' own, distributed_save confined to `snapshots_dir`, a worker
+    sandboxed to both, and monitoring ports over HTTPS that need a token of their own. This
+    process is its client (the CA and the client token in its environment)."""
 
     target: str
     dispatcher: ServerProcess
@@ -151,6 +151,7 @@ class SecureCluster:
     worker_token: str
     data_dir: str
     snapshots_dir: str
+    monitoring_token: str
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +168,9 @@ def secure_cluster(tmp_path_factory):
     worker_token = "w0rker-" + os.urandom(8).hex()
     worker_token_file = base / "worker-token"
     worker_token_file.write_text(worker_token)
+    monitoring_token = "m0nitor-" + os.urandom(8).hex()
+    monitoring_token_file = base / "monitoring-token"
+    monitoring_token_file.write_text(monitoring_token)
     data_dir = base / "data"
     data_dir.mkdir()
     snapshots_dir = base / "snapshots"
@@ -177,7 +181,9 @@ def secure_cluster(tmp_path_factory):
         f"--tls_key_file={certs.server_key_file}",
         f"--auth_token_file={token_file}",
         f"--worker_token_file={worker_token_file}",
-        "--no-monitoring",
+        "--monitoring_port=0",
+        "--monitoring_tls",
+        f"--monitoring_token_file={monitoring_token_file}",
     ]
     server_env = {**os.environ, tls.CA_ENV: certs.ca_file}
     started: list[ServerProcess] = []
@@ -216,6 +222,7 @@ def secure_cluster(tmp_path_factory):
                 worker_token,
                 str(data_dir),
                 str(snapshots_dir),
+                monitoring_token,
             )
     finally:
         for server in started:

@@ -102,6 +102,7 @@ class DispatchServer:
                 status=self._status_or_empty,
                 role="dispatcher",
                 health=self._health,
+                **servers.ServerSecurity.of(self._config).monitoring(self._config),
             )
             log.info("dispatcher monitoring (status page, /metrics) on port %d", self._monitoring.port)
         state, self._journal = self._recover()

@@ -2,14 +2,24 @@
 status page (/) and its data (/status.json).
 
 It serves from its own threads, so a scrape never waits on the gRPC thread pools, and it
-only reads: nothing a request to it says changes a server.
+only reads: nothing a request to it says changes a server. What it shows (job names, client
+ids, the work_dir) is for operators: with a token (monitoring_token_file) every page but
+/healthz and /readyz needs it, as `Authorization: Bearer TOKEN` (Prometheus'
+`authorization.credentials_file`) or as the password of HTTP Basic authentication (which a
+browser asks for, so the status page works too); with TLS (monitoring_tls) it serves HTTPS
+only. The probes stay open, as kubelet sends no credentials, and say "ok" or "not serving"
+and nothing else.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
 import http.server
 import json
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from importlib import resources
@@ -22,6 +32,58 @@ from dataservice.monitoring.health import HealthReporter
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], dict[str, Any]]
+
+
+# Kubernetes' probes: open whatever the token, and they say nothing but ok / not serving.
+_OPEN_PATHS = ("/healthz", "/readyz")
+# How long a connection may take to finish its TLS handshake and send its request.
+_REQUEST_TIMEOUT_S = 10.0
+
+
+def _authorized(header: str | None, token: str | None) -> bool:
+    """Whether the Authorization header carries `token` (always, without a token): as a Bearer
+    token, or as the password of Basic authentication (any user name)."""
+    if token is None:
+        return True
+    if not header:
+        return False
+    scheme, _, value = header.strip().partition(" ")
+    provided = ""
+    if scheme.lower() == "bearer":
+        provided = value.strip()
+    elif scheme.lower() == "basic":
+        try:
+            provided = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+    return hmac.compare_digest(provided.encode(), token.encode())
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    """ThreadingHTTPServer, over TLS with an ssl_context: the handshake happens on the request's
+    own thread (not in accept, where one silent client would stall every other), within
+    _REQUEST_TIMEOUT_S."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, ssl_context: ssl.SSLContext | None):
+        self._ssl_context = ssl_context
+        super().__init__(address, handler)
+
+    def finish_request(self, request, client_address) -> None:
+        request.settimeout(_REQUEST_TIMEOUT_S)
+        if self._ssl_context is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            secured = self._ssl_context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            log.debug("monitoring: TLS handshake with %s failed: %s", client_address, e)
+            return
+        try:
+            super().finish_request(secured, client_address)
+        finally:
+            secured.close()
 
 
 def status_page_html() -> bytes:
@@ -40,6 +102,8 @@ class MonitoringServer:
         status: StatusFn | None = None,
         role: str = "",
         health: HealthReporter | None = None,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ):
         page = status_page_html() if status is not None else None
 
@@ -48,6 +112,15 @@ class MonitoringServer:
 
             def do_GET(self) -> None:  # the name http.server calls
                 path = self.path.split("?", 1)[0]
+                if path not in _OPEN_PATHS and not _authorized(self.headers.get("Authorization"), token):
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="dataservice monitoring", charset="UTF-8"')
+                    self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    body = b"this page needs the monitoring token (Authorization: Bearer TOKEN)\n"
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 try:
                     if path == "/metrics":
                         self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
@@ -78,8 +151,7 @@ class MonitoringServer:
             def log_message(self, format: str, *args: Any) -> None:  # http.server's name
                 log.debug("monitoring: " + format, *args)
 
-        self._httpd = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("0.0.0.0", port), Handler, ssl_context)
         self.port: int = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="monitoring-http", daemon=True)
         self._thread.start()

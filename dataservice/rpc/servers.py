@@ -66,6 +66,13 @@ class ServerSecurity:
         """For the TCP data transfer: None serves plaintext."""
         return self.tls.server_context() if self.tls is not None else None
 
+    def monitoring(self, config: Any) -> dict[str, Any]:
+        """MonitoringServer's token and ssl_context from the config (monitoring_token_file and
+        monitoring_tls)."""
+        token = auth.read_token_file(config.monitoring_token_file) if config.monitoring_token_file else None
+        context = self.tls.monitoring_context() if config.monitoring_tls and self.tls is not None else None
+        return {"token": token, "ssl_context": context}
+
     def as_client(self) -> tls.TlsFiles | None:
         """What the server presents and trusts when it calls another server (None: plaintext)."""
         return self.tls.as_client() if self.tls is not None else None

@@ -113,6 +113,15 @@ class ServerTls:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
+    def monitoring_context(self) -> ssl.SSLContext:
+        """For the monitoring port: the server's certificate, and no client certificate asked for
+        even under mutual TLS (Prometheus may present one, kubelet's probes cannot)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        with secret_files.as_path(self.cert_file) as cert, secret_files.as_path(self.key_file) as key:
+            context.load_cert_chain(cert, key)
+        return context
+
     def as_client(self) -> TlsFiles:
         """What this server presents and trusts when it calls another server: its own CA, else
         the process's DATASERVICE_TLS_CA_FILE, else the system's roots."""

@@ -144,7 +144,11 @@ class WorkerServer:
                 transfer.start()
         if self._registry is not None:
             self._monitoring = MonitoringServer(
-                self._config.monitoring_port, self._registry, role="worker", health=self._health
+                self._config.monitoring_port,
+                self._registry,
+                role="worker",
+                health=self._health,
+                **servers.ServerSecurity.of(self._config).monitoring(self._config),
             )
             log.info("worker /metrics on port %d", self._monitoring.port, extra=ids(worker=self.address))
         # Clients in this process read through memory (transfer/local.py).
