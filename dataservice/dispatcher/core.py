@@ -504,7 +504,9 @@ class DispatcherCore:
             saved_iteration = self._state.iteration(iteration_ids[0])
             saved_job = self._state.job_of(saved_iteration)
             _check_resumable(saved_job, job_request)
-            self._dataset(job_request.dataset_id)  # still registered
+            dataset = self._dataset(job_request.dataset_id)  # still registered
+            saved = self._state.tasks_of(saved_iteration)
+            _check_positions(saved_job.sharding_policy, dataset.metadata.cardinality, saved, consumed)
             alive = self._state.alive_workers()
             # Workers heard from lately first: a worker killed with the trainer (a replaced pod) is
             # still alive here until worker_timeout_ms, and a task given to it would wait that long.
@@ -515,7 +517,6 @@ class DispatcherCore:
                 raise status.unavailable(
                     f"no worker is registered with {self._where()}: the restored iterator resumes once one is"
                 )
-            saved = self._state.tasks_of(saved_iteration)
             planned = resume.plan_tasks(saved_job.sharding_policy, saved, resume.positions(saved, consumed), alive)
             # A job of its own, anonymous: released with its one client.
             anonymous = dispatcher_pb2.GetOrCreateJobRequest()
@@ -987,6 +988,27 @@ def _check_totals(what: str, **totals: float) -> None:
 def _rebuild(updates: list[journal_pb2.Update]) -> list[journal_pb2.Update]:
     """The updates that rebuild the state `updates` make (a snapshot's content)."""
     return DispatcherState.replay(updates).to_updates()
+
+
+def _check_positions(sharding_policy: int, cardinality: int, saved: Sequence, consumed: dict[int, int]) -> None:
+    """INVALID_ARGUMENT for a checkpoint whose positions the journal says are impossible: a task
+    past the end of a dataset of known cardinality (every task's stream is at most one pass; in
+    distributed_epoch all tasks together are), which would have the new tasks' workers skip for
+    ever. (What each task produced is not journaled, so positions below that bound pass.)"""
+    if cardinality < 0:
+        return
+    positions = resume.positions(saved, consumed)
+    for task_id in consumed:
+        if positions[task_id] > cardinality:
+            raise status.invalid_argument(
+                f"the checkpoint says its consumer had gone {positions[task_id]} elements into task {task_id}, "
+                f"but the dataset has {cardinality}: the checkpoint is not of this dataset, or was altered"
+            )
+    if sharding_policy == common_pb2.SHARDING_POLICY_DYNAMIC and sum(positions.values()) > cardinality:
+        raise status.invalid_argument(
+            f"the checkpoint says its consumer had taken {sum(positions.values())} elements of an epoch of "
+            f"{cardinality} (distributed_epoch): the checkpoint is not of this dataset, or was altered"
+        )
 
 
 def _check_resumable(saved: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:

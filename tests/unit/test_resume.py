@@ -179,6 +179,31 @@ def test_resume_errors_name_the_mismatch(clock, notifier, tmp_path):
     assert e.value.code == status.Code.INVALID_ARGUMENT
 
 
+def test_positions_past_the_datasets_end_are_refused(clock, notifier):
+    """A checkpoint that would have a worker skip more elements than the dataset has (2**62, say)."""
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    dataset_id = register(core, tf.data.Dataset.range(100))
+    parallel = tasks_by_worker(core, start_iteration(core, dataset_id).iteration_client_id)
+    for position in (101, 2**62):
+        with pytest.raises(status.ServiceError, match="the dataset has 100") as e:
+            resume(core, dataset_id, OFF, {parallel["w1:1"]: position, parallel["w2:1"]: 0})
+        assert e.value.code == status.Code.INVALID_ARGUMENT
+    # Each parallel_epochs stream is a whole pass: 100 each is possible.
+    resume(core, dataset_id, OFF, {parallel["w1:1"]: 100, parallel["w2:1"]: 100})
+    # distributed_epoch: the tasks share one pass.
+    distributed = tasks_by_worker(core, start_iteration(core, dataset_id, policy=DYNAMIC).iteration_client_id)
+    with pytest.raises(status.ServiceError, match="taken 120 elements of an epoch of 100") as e:
+        resume(core, dataset_id, DYNAMIC, {distributed["w1:1"]: 60, distributed["w2:1"]: 60})
+    assert e.value.code == status.Code.INVALID_ARGUMENT
+    resume(core, dataset_id, DYNAMIC, {distributed["w1:1"]: 60, distributed["w2:1"]: 40})
+    # An infinite dataset has no such bound.
+    infinite_id = register(core, tf.data.Dataset.range(3).repeat())
+    infinite = tasks_by_worker(core, start_iteration(core, infinite_id).iteration_client_id)
+    resume(core, infinite_id, OFF, {task: 10**6 for task in infinite.values()})
+
+
 def test_resume_is_journaled_and_snapshots_keep_what_it_needs(clock, notifier, tmp_path):
     from dataservice.config import DispatcherConfig
     from dataservice.dispatcher.core import DispatcherCore
