@@ -225,6 +225,35 @@ def build_config(args: argparse.Namespace) -> Any:
         raise ValueError(str(e)) from None
 
 
+# Set by a process that starts data-server as its child (local_cluster.ServerProcess): the read
+# end of a pipe whose write end only that process holds. The kernel closes the write end when the
+# parent dies, however it dies (SIGKILL included), and the server then stops rather than run on,
+# orphaned.
+PARENT_PIPE_ENV = "DATASERVICE_PARENT_PIPE_FD"
+# A stop that hangs must not leave the process behind.
+_ORPHAN_EXIT_S = 30.0
+
+
+def _stop_when_parent_exits(stop: threading.Event) -> None:
+    fd = os.environ.pop(PARENT_PIPE_ENV, None)
+    if fd is None:
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(int(fd), 1):
+                pass
+        except (OSError, ValueError):
+            pass
+        logging.getLogger(__name__).warning("the process that started this server is gone: stopping")
+        stop.set()
+        exit_anyway = threading.Timer(_ORPHAN_EXIT_S, os._exit, args=(1,))
+        exit_anyway.daemon = True
+        exit_anyway.start()
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _enter_sandbox(config: WorkerConfig) -> None:
     """Reads the worker's credential files into memory, then restricts the process's reads to
     config.data_roots, while it is still the only thread."""
@@ -272,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    _stop_when_parent_exits(stop)
 
     try:
         server = DispatchServer(config) if args.role == "dispatcher" else WorkerServer(config)

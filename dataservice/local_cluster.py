@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Union
 
+from dataservice.cli import PARENT_PIPE_ENV
+
 _PORT_LINE = re.compile(r"listening on port (\d+)(?:, monitoring on port (\d+))?")
 
 
@@ -41,15 +43,26 @@ class ServerProcess:
         env = dict(os.environ if env is None else env)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["PYTHONUNBUFFERED"] = "1"
+        # The server stops when this process dies, however it dies: it watches a pipe whose write
+        # end only this process holds (cli.PARENT_PIPE_ENV).
+        watched, self._parent_pipe = os.pipe()
+        env[PARENT_PIPE_ENV] = str(watched)
         self.args = args
-        self.proc = subprocess.Popen(
-            [*launcher, sys.executable, "-m", "dataservice.cli", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                [*launcher, sys.executable, "-m", "dataservice.cli", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                pass_fds=(watched,),
+            )
+        except BaseException:
+            os.close(self._parent_pipe)
+            raise
+        finally:
+            os.close(watched)
         self.stderr_lines: list[str] = []
         threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr_lines), daemon=True).start()
         self.monitoring_port: int | None = None
@@ -92,16 +105,24 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout_s)
+            code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
             raise
+        self._close_parent_pipe()
+        return code
 
     def kill(self) -> None:
         """SIGKILL, as a machine failure would."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(30)
+        self._close_parent_pipe()
+
+    def _close_parent_pipe(self) -> None:
+        if self._parent_pipe is not None:
+            os.close(self._parent_pipe)
+            self._parent_pipe = None
 
 
 Server = Union["ServerProcess", Any]  # a ServerProcess, a DispatchServer or a WorkerServer

@@ -74,13 +74,15 @@ ALL_WORKLOADS = list(range(1, 16))
 Measured = float | dict[str, float]
 
 
-# A TensorFlow worker process: serves until killed.
+# A TensorFlow worker process: serves until killed, or until its stdin closes (the benchmark's
+# process died, however it died: the kernel closes the pipe's write end).
 _TF_WORKER = """
-import sys, tensorflow as tf
+import os, sys, tensorflow as tf
 service = tf.data.experimental.service
 worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=sys.argv[1]))
 print("started", flush=True)
-worker.join()
+sys.stdin.read()
+os._exit(0)
 """
 
 
@@ -101,6 +103,7 @@ class _TFCluster:
         started = [
             subprocess.Popen(
                 [sys.executable, "-c", _TF_WORKER, address],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 text=True,
@@ -122,6 +125,7 @@ class _TFCluster:
         for worker in self.workers:
             worker.kill()
             worker.wait(30)
+            worker.stdin.close()
         self.dispatcher._stop()
 
 

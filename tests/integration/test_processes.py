@@ -95,3 +95,33 @@ def test_server_bin_entry_point_runs():
         timeout=120,
     )
     assert result.returncode == 0 and "--role" in result.stdout
+
+
+_OWNER = """
+import os, sys, time
+from dataservice.local_cluster import LocalCluster
+cluster = LocalCluster(1)
+print(cluster.dispatcher.proc.pid, *(w.proc.pid for w in cluster.workers), flush=True)
+time.sleep(600)
+"""
+
+
+def test_server_processes_exit_when_their_owner_is_killed():
+    """A LocalCluster's data-server processes stop when the process holding it dies, even by
+    SIGKILL (no chance to stop them), rather than run on orphaned."""
+    import psutil
+
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(pid) for pid in owner.stdout.readline().split()]
+        assert len(pids) == 2, "the owner did not start its cluster"
+        servers = [psutil.Process(pid) for pid in pids]
+        assert all(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in servers)
+    finally:
+        owner.kill()
+        owner.wait(30)
+    gone, alive = psutil.wait_procs(servers, timeout=45)
+    for server in alive:
+        server.kill()
+    assert not alive, f"orphaned server processes: {[s.pid for s in alive]}"
