@@ -94,6 +94,10 @@ def bind(server: grpc.Server, port: int, credentials: grpc.ServerCredentials | N
     raise RuntimeError(f"could not bind port {port}: it is in use or not permitted")
 
 
+# Calls a server runs or queues at once (its threads run max_workers of them).
+MAX_CONCURRENT_RPCS = 1024
+
+
 def new_server(
     max_workers: int, max_receive_bytes: int, interceptors: Sequence[grpc.ServerInterceptor] = ()
 ) -> grpc.Server:
@@ -102,6 +106,8 @@ def new_server(
     return grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)],
+        # Calls beyond it are RESOURCE_EXHAUSTED at once rather than queued without bound.
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         # Innermost: decoding happens after metrics and authentication have seen the call.
         interceptors=[*interceptors, RequestValidationInterceptor()],
     )
