@@ -7,6 +7,7 @@ A connection takes one of MAX_STREAMS stream slots only once its first
 request has authenticated it, which it must send within FIRST_REQUEST_TIMEOUT_S
 (after the TLS handshake, itself bounded); until then it is one of at most
 MAX_PENDING, so connections that never send a token cannot lock clients out.
+An authenticated stream idle for IDLE_STREAM_TIMEOUT_S is closed.
 A client over either limit is told UNAVAILABLE and retries, as it would on an
 overloaded gRPC server. A Unix
 stream whose client asks for it carries its message bodies in a ring of
@@ -38,6 +39,11 @@ FIRST_REQUEST_TIMEOUT_S = 10.0
 _RING_SLOT_BYTES = streaming.MAX_BYTES_PER_MESSAGE + 64 * 1024
 # How long a client may take over its TLS handshake.
 HANDSHAKE_TIMEOUT_S = 10.0
+# An authenticated stream on which the client sent no request (credits, acknowledgements) and took
+# nothing the worker sent for this long is closed, so that idle streams do not hold slots for
+# good; a client still reading reconnects, and the worker sends again what it had not
+# acknowledged (worker/delivery.py), so nothing is lost.
+IDLE_STREAM_TIMEOUT_S = 300.0
 
 StreamFn = Callable[
     [worker_pb2.StreamElementsRequest, Iterator[worker_pb2.StreamElementsRequest], Callable[[], bool]],
@@ -152,7 +158,7 @@ class TcpTransferServer:
             if refused is not None:
                 _send_error(conn, status.Code.UNAUTHENTICATED, refused)
                 return
-            conn.settimeout(None)
+            conn.settimeout(IDLE_STREAM_TIMEOUT_S)
             streaming_slot = self._take_stream_slot()
             if not streaming_slot:
                 message = f"the worker serves {MAX_STREAMS} data streams already: retry later"

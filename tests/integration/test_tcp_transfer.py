@@ -16,7 +16,7 @@ import dataservice as service
 from dataservice.rpc import errors
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import tcp
-from dataservice.v1 import worker_pb2
+from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.worker import streaming, tcp_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -197,6 +197,40 @@ def test_streams_per_client_are_bounded(cluster):
         for sock in open_streams:
             sock.close()
     del readers
+
+
+def test_an_idle_stream_is_closed(cluster, monkeypatch):
+    """An authenticated stream on which the client sends nothing more (no credits, no
+    acknowledgements) is closed after IDLE_STREAM_TIMEOUT_S, freeing its slot; a reader that
+    is still there reconnects and the worker sends again what it had not acknowledged."""
+    monkeypatch.setattr(tcp_server, "IDLE_STREAM_TIMEOUT_S", 1.0)
+    dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10**6)).numpy().decode()
+    with DispatcherClient(cluster.address, 10) as client:
+        job_id = client.get_or_create_job(
+            dispatcher_pb2.GetOrCreateJobRequest(
+                dataset_id=dataset_id,
+                processing_mode=common_pb2.ProcessingModeDef(sharding_policy=common_pb2.SHARDING_POLICY_OFF),
+            )
+        )
+        iteration = client.get_or_create_iteration(job_id, 0)
+        (task,) = client.client_heartbeat(iteration.iteration_client_id, read_key=iteration.read_key).tasks
+    address = tcp.transfer_address(cluster.workers[0].transfer_address)
+    with tcp.connect(address, 10) as sock:
+        request = worker_pb2.StreamElementsRequest(
+            task_id=task.task_id,
+            iteration_client_id=iteration.iteration_client_id,
+            credits=1,
+            read_key=iteration.read_key,
+        )
+        tcp.send_request(sock, request)
+        response, _ = tcp.recv_response(sock)
+        assert response.chunks and not response.error_message
+        sock.settimeout(10)
+        started = time.monotonic()
+        with pytest.raises((ConnectionError, OSError, EOFError)):
+            while True:  # what else the worker sends, until it closes the idle stream
+                tcp.recv_response(sock)
+        assert time.monotonic() - started < 8, "the idle stream was kept open"
 
 
 def test_connections_without_a_request_take_no_stream_slot_and_are_closed(cluster, monkeypatch):
