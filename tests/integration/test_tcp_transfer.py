@@ -148,18 +148,31 @@ def test_worker_config_checks_its_transfer_fields():
         service.WorkerConfig(dispatcher_address="localhost:1", data_transfer_address="no-port")
 
 
+def _iterations(cluster, count: int) -> list[tuple[int, int, str]]:
+    """`count` iterations of range(10**7) made as a client makes them: (task id, client id, read key)."""
+    dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10**7)).numpy().decode()
+    made = []
+    with DispatcherClient(cluster.address, 10) as client:
+        for _ in range(count):
+            job_id = client.get_or_create_job(
+                dispatcher_pb2.GetOrCreateJobRequest(
+                    dataset_id=dataset_id,
+                    processing_mode=common_pb2.ProcessingModeDef(sharding_policy=common_pb2.SHARDING_POLICY_OFF),
+                )
+            )
+            iteration = client.get_or_create_iteration(job_id, 0)
+            (task,) = client.client_heartbeat(iteration.iteration_client_id, read_key=iteration.read_key).tasks
+            made.append((task.task_id, iteration.iteration_client_id, iteration.read_key))
+    return made
+
+
 def test_streams_per_client_are_bounded(cluster):
     """A client id holds one stream per task (a new one replaces it, as a reconnect does) and
     MAX_STREAMS_PER_CLIENT streams in all."""
     limit = streaming.MAX_STREAMS_PER_CLIENT
-    readers = [
-        iter(tf.data.Dataset.range(10**7).apply(service.distribute("parallel_epochs", cluster.target)))
-        for _ in range(limit + 1)
-    ]
-    for reader in readers:
-        next(reader)
-    task_ids = cluster.workers[0].running_tasks()
-    assert len(task_ids) == limit + 1
+    iterations = _iterations(cluster, limit + 1)
+    task_ids = [task_id for task_id, _, _ in iterations]
+    keys = {task_id: key for task_id, _, key in iterations}
     address = tcp.transfer_address(cluster.workers[0].transfer_address)
     open_streams = []
 
@@ -167,9 +180,10 @@ def test_streams_per_client_are_bounded(cluster):
         sock = tcp.connect(address, 10)
         sock.settimeout(10)
         # Without credits the stream stays open, sending nothing.
-        tcp.send_request(
-            sock, worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=client_id, credits=credits)
+        request = worker_pb2.StreamElementsRequest(
+            task_id=task_id, iteration_client_id=client_id, credits=credits, read_key=keys[task_id]
         )
+        tcp.send_request(sock, request)
         return sock
 
     try:
@@ -196,7 +210,6 @@ def test_streams_per_client_are_bounded(cluster):
     finally:
         for sock in open_streams:
             sock.close()
-    del readers
 
 
 def test_an_idle_stream_is_closed(cluster, monkeypatch):
