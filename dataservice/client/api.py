@@ -42,6 +42,10 @@ DatasetId = str | bytes | int | tf.Tensor
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 MAX_DEFAULT_BUDGET = 16384
 DEFAULT_VARIABLE_BUDGET = 256
+# Consumers of one named job share its elements, each taking what it asks for: one that held
+# thousands would leave the others short while it sits on them (TensorFlow's client asks for a
+# few at a time). So without max_outstanding_requests a reader of a shared job holds this many.
+SHARED_JOB_BUDGET = 64
 # Chunks that have arrived together are handed to tf.data as one, up to this many elements and
 # bytes: joining them is a copy, and a call into Python per chunk costs more for small ones. A
 # checkpoint holds the rest of the chunk being handed out.
@@ -241,8 +245,14 @@ class _ReadOptions:
         if self.max_outstanding_requests is not None:
             return self.max_outstanding_requests
         if not codec.element_bytes:
-            return DEFAULT_VARIABLE_BUDGET
-        return max(2, min(MAX_DEFAULT_BUDGET, DEFAULT_BUFFER_BYTES // codec.element_bytes))
+            budget = DEFAULT_VARIABLE_BUDGET
+        else:
+            budget = max(2, min(MAX_DEFAULT_BUDGET, DEFAULT_BUFFER_BYTES // codec.element_bytes))
+        # A named job's consumers split its elements (unless each reads them all: a cross-trainer
+        # cache; coordinated reads take rounds, not credits).
+        if self.job_name is not None and not self.trainer_id and self.num_consumers is None:
+            budget = min(budget, SHARED_JOB_BUDGET)
+        return budget
 
 
 def _service_dataset(

@@ -48,6 +48,8 @@ def parse_service(service: str | tuple[str, str]) -> Target:
         service = f"{protocol}://{address}"
     if not isinstance(service, str):
         raise ValueError(f"service must be 'grpc://host:port' or a (protocol, address) tuple, got {service!r}")
+    if not service:
+        raise ValueError("service must not be empty: give the dispatcher as 'grpc://host:port'")
     protocol, address = split_protocol(service)
     if protocol != tls_lib.TLS:
         return Target(address)

@@ -261,3 +261,218 @@ def test_distributed_epoch_of_a_distributed_dataset_is_unimplemented(run):
 
     with pytest.raises(tf.errors.UnimplementedError, match="Cannot create split providers for dataset"):
         run(pipeline, 1)
+
+
+# ---- data_service_ops_test.py -------------------------------------------------------------------
+
+
+def _unique(run, name: str) -> str:
+    """A job name of this scenario's own: the clusters are shared by every scenario of the module."""
+    return f"{name}-{run.service}-{run.mode}-{np.random.default_rng().integers(1 << 40)}"
+
+
+def _eager_only(run) -> None:
+    if run.mode != "eager":
+        pytest.skip("TensorFlow's test runs this scenario eagerly only")
+
+
+def test_distribute_basic(run):
+    """testDistributeBasic: range(10) over one worker, in order."""
+    assert run(lambda: tf.data.Dataset.range(10), 1, processing_mode="parallel_epochs") == list(range(10))
+
+
+def test_distribute_sparse(run):
+    """testDistributeSparse: a SparseTensor element arrives as one."""
+    _eager_only(run)
+    element = tf.sparse.SparseTensor(indices=[[0]], values=tf.constant([0], dtype=tf.int32), dense_shape=[1])
+    dataset = tf.data.Dataset.from_tensors(element).apply(
+        _distribute(run.service)(processing_mode="parallel_epochs", service=run.cluster(1).target)
+    )
+    assert [tf.sparse.to_dense(e).numpy().tolist() for e in dataset] == [[0]]
+
+
+def test_distribute_ragged(run):
+    """testDistributeRagged: dense_to_ragged_batch of ranges arrives as the same ragged batches."""
+    _eager_only(run)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices([1, 5, 3, 2, 8])
+        .map(tf.range)
+        .apply(tf.data.experimental.dense_to_ragged_batch(2))
+        .apply(_distribute(run.service)(processing_mode="parallel_epochs", service=run.cluster(1).target))
+    )
+    got = [e.to_tensor().numpy().tolist() for e in dataset]
+    assert got == [[[0, 0, 0, 0, 0], [0, 1, 2, 3, 4]], [[0, 1, 2], [0, 1, 0]], [[0, 1, 2, 3, 4, 5, 6, 7]]]
+
+
+@pytest.mark.parametrize("init_source", ["keyvaluetensor", "dataset"])
+def test_distribute_lookup_table(run, init_source):
+    """testDistributeLookupTable: a StaticHashTable built in the pipeline's graph. (Its "textfile"
+    case reads the table from a file on the workers, which our dataset policy refuses:
+    test_a_table_from_a_file_is_refused_by_our_policy.)"""
+
+    def pipeline() -> tf.data.Dataset:
+        keys, values = tf.constant([0, 1], tf.int64), tf.constant([10, 11], tf.int64)
+        if init_source == "keyvaluetensor":
+            initializer = tf.lookup.KeyValueTensorInitializer(keys, values)
+        else:
+            initializer = tf.data.experimental.DatasetInitializer(tf.data.Dataset.zip((
+                tf.data.Dataset.from_tensor_slices(keys), tf.data.Dataset.from_tensor_slices(values)
+            )))  # fmt: skip
+        table = tf.lookup.StaticHashTable(initializer, -1)
+        return tf.data.Dataset.range(3).map(table.lookup)
+
+    if run.mode == "graph":
+        pytest.skip("its graph case initializes the table with a Session of TensorFlow's test base")
+    assert run(pipeline, 1, processing_mode="parallel_epochs") == [10, 11, -1]
+
+
+def test_a_table_from_a_file_is_refused_by_our_policy(run, tmp_path):
+    """testDistributeLookupTable("textfile"): TensorFlow's service runs it; ours refuses reading a
+    table from a file on the workers (the dataset policy, README "Security")."""
+    _eager_only(run)
+    vocabulary = tmp_path / "vocabulary.txt"
+    vocabulary.write_text("10\n11\n")
+
+    def pipeline() -> tf.data.Dataset:
+        initializer = tf.lookup.TextFileInitializer(
+            str(vocabulary), tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER, tf.int64,
+            tf.lookup.TextFileIndex.WHOLE_LINE,
+        )  # fmt: skip
+        return tf.data.Dataset.range(3).map(tf.lookup.StaticHashTable(initializer, -1).lookup)
+
+    if run.service == "tensorflow":
+        assert run(pipeline, 1, processing_mode="parallel_epochs") == [10, 11, -1]
+    else:
+        with pytest.raises(tf.errors.PermissionDeniedError, match="InitializeTableFromTextFile"):
+            run(pipeline, 1, processing_mode="parallel_epochs")
+
+
+@pytest.mark.parametrize("seed", [None, 10])
+def test_shuffle_order(run, seed):
+    """testShuffleOrder: two workers shuffle range(100) alike with a seed, differently without."""
+    pipeline = lambda: tf.data.Dataset.range(100).shuffle(100, seed=seed)  # noqa: E731
+    output = run(pipeline, 2, processing_mode="parallel_epochs")
+    first, second = {}, {}
+    for element in output:
+        (second if element in first else first)[element] = len(second if element in first else first)
+    assert (first == second) == (seed is not None)
+
+
+def test_multiple_epochs_and_repeat(run):
+    """testMultipleEpochs and testRepeatedDataset: each epoch reads range(3) again; repeat(5) of a
+    distributed range(10) gives it five times, in order."""
+    for _ in range(3):
+        assert run(lambda: tf.data.Dataset.range(3), 1, processing_mode="parallel_epochs") == [0, 1, 2]
+    cluster = run.cluster(1)
+
+    def make() -> tf.data.Dataset:
+        distributed = tf.data.Dataset.range(10).apply(
+            _distribute(run.service)(processing_mode="parallel_epochs", service=cluster.target)
+        )
+        return distributed.repeat(5)
+
+    assert _read(make, run.mode) == list(range(10)) * 5
+
+
+@pytest.mark.parametrize("max_outstanding_requests", [None, 1])
+def test_multi_worker(run, max_outstanding_requests):
+    """testMultiWorker and testMaxOutstandingRequests: three workers each give all of range(10)."""
+    kwargs = {"max_outstanding_requests": max_outstanding_requests} if max_outstanding_requests else {}
+    got = run(lambda: tf.data.Dataset.range(10), 3, processing_mode="parallel_epochs", **kwargs)
+    _same_items(got, list(range(10)) * 3)
+
+
+def test_shared_job_name(run):
+    """testSharedJobName: two iterators of one named job share its elements, each element once."""
+    _eager_only(run)
+    cluster, name = run.cluster(1), _unique(run, "shared")
+
+    def make() -> tf.data.Dataset:
+        return (
+            tf.data.Dataset.range(1000)
+            .shuffle(1000)
+            .apply(_distribute(run.service)(processing_mode="parallel_epochs", service=cluster.target, job_name=name))
+        )
+
+    first, second = iter(make()), iter(make())
+    results = []
+    for _ in range(200):
+        results += [int(next(first)), int(next(second))]
+    results += [int(e) for e in first] + [int(e) for e in second]
+    _same_items(results, list(range(1000)))
+
+
+def test_different_job_names(run):
+    """testDifferentJobNames: two names, two jobs, each reading all of range(10)."""
+    for name in (_unique(run, "one"), _unique(run, "two")):
+        got = run(lambda: tf.data.Dataset.range(10), 1, processing_mode="parallel_epochs", job_name=name)
+        assert got == list(range(10))
+
+
+def test_shared_job_name_multi_iteration(run):
+    """testSharedJobNameMultiIteration: a named job's epochs alternate between its two datasets."""
+    _eager_only(run)
+    cluster, name = run.cluster(1), _unique(run, "epochs")
+
+    def make() -> tf.data.Dataset:
+        return tf.data.Dataset.range(10).apply(
+            _distribute(run.service)(processing_mode="parallel_epochs", service=cluster.target, job_name=name)
+        )
+
+    first, second = make(), make()
+    assert [int(e) for e in first] == list(range(10)) and [int(e) for e in second] == []
+    assert [int(e) for e in second] == list(range(10)) and [int(e) for e in first] == []
+
+
+@pytest.mark.parametrize("policy", ["ignore", "warn", "fail"])
+def test_stateful_pipelines_and_the_external_state_policy(run, policy):
+    """testStatefulNoError / testStatefulError: random_uniform in a map is served under the IGNORE
+    and WARN external-state policies, and FAIL is FailedPreconditionError."""
+    options = tf.data.Options()
+    options.experimental_external_state_policy = {
+        "ignore": tf.data.experimental.ExternalStatePolicy.IGNORE,
+        "warn": tf.data.experimental.ExternalStatePolicy.WARN,
+        "fail": tf.data.experimental.ExternalStatePolicy.FAIL,
+    }[policy]
+    pipeline = lambda: tf.data.Dataset.range(10).map(lambda _: tf.random.uniform(())).with_options(options)  # noqa: E731
+    if policy == "fail":
+        with pytest.raises(tf.errors.FailedPreconditionError):
+            run(pipeline, 3, processing_mode="parallel_epochs")
+    else:
+        assert len(run(pipeline, 3, processing_mode="parallel_epochs")) == 30
+
+
+def test_zip_of_different_processing_modes(run):
+    """testZipDifferentProcessingModesDatasets: zip of a distributed_epoch and a parallel_epochs read."""
+    cluster = run.cluster(1)
+
+    def make() -> tf.data.Dataset:
+        first = tf.data.Dataset.range(100).apply(
+            _distribute(run.service)(processing_mode="distributed_epoch", service=cluster.target)
+        )
+        second = tf.data.Dataset.range(100).apply(
+            _distribute(run.service)(processing_mode="parallel_epochs", service=cluster.target)
+        )
+        return tf.data.Dataset.zip((first, second))
+
+    assert _read(make, run.mode) == [(i, i) for i in range(100)]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"job_name": ""}, "job_name"),
+        ({"service": 1}, "service"),
+        ({"service": ""}, "service"),
+        ({"processing_mode": "invalid"}, "processing_mode|ShardingPolicy"),
+        ({"compression": "foo"}, "compression"),
+    ],
+    ids=["empty-job-name", "non-string-service", "empty-service", "bad-mode", "bad-compression"],
+)
+def test_bad_arguments_are_value_errors(run, kwargs, error):
+    """testEmptyJobNameDistribute, testDistributeNonStringAddresses, testDistributeEmptyAddress,
+    testDistributeInvalidProcessingMode, testDistributeInvalidCompression: a ValueError at once
+    naming the argument (in words of its own; TensorFlow's are matched by its tests)."""
+    arguments = {"processing_mode": "parallel_epochs", "service": run.cluster(1).target, **kwargs}
+    with pytest.raises(ValueError, match=error):
+        tf.data.Dataset.range(10).apply(_distribute(run.service)(**arguments))
