@@ -445,7 +445,8 @@ def test_only_holders_of_an_iterations_read_key_act_for_its_clients(clock, notif
     other = start_iteration(core, register(core, tf.data.Dataset.range(5)))
     assert other.read_key != iteration.read_key
     client = iteration.iteration_client_id
-    for wrong in ("", other.read_key, iteration.read_key[:-1] + "0"):
+    altered = iteration.read_key[:-1] + ("1" if iteration.read_key[-1] == "0" else "0")
+    for wrong in ("", other.read_key, altered):
         with pytest.raises(status.ServiceError) as raised:
             core.client_heartbeat(dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client, read_key=wrong))
         assert raised.value.code == status.Code.PERMISSION_DENIED and "read key" in raised.value.message
