@@ -412,7 +412,7 @@ class DispatcherCore:
 
     def _named_job(self, request) -> int | None:
         """The id of the job named in the request, if it exists and matches it. Call with self._lock held."""
-        job = self._state.job_named(request.job_name) if request.job_name else None
+        job = self._state.job_named(request.dataset_id, request.job_name) if request.job_name else None
         if job is None:
             return None
         _check_same_job(job, request)
@@ -1033,8 +1033,6 @@ def _check_resumable(saved: Job, request: dispatcher_pb2.GetOrCreateJobRequest) 
 def _check_same_job(job: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:
     """A request for an existing named job must ask for the same job; the error names every mismatch."""
     mismatches = []
-    if job.dataset_id != request.dataset_id:
-        mismatches.append(f"dataset {job.dataset_id!r} vs {request.dataset_id!r}")
     if job.sharding_policy != request.processing_mode.sharding_policy:
         mismatches.append(
             f"processing mode {_POLICY_NAMES[job.sharding_policy]} vs "

@@ -145,7 +145,9 @@ class DispatcherState:
         self._dataset_by_fingerprint: dict[str, DatasetId] = {}
         self._workers: dict[WorkerAddress, Worker] = {}
         self._jobs: dict[JobId, Job] = {}
-        self._job_by_name: dict[str, JobId] = {}
+        # Named jobs by (dataset id, name): as in TensorFlow, a name is shared by the readers of
+        # one dataset; another dataset's readers under the same name get a job of their own.
+        self._job_by_name: dict[tuple[str, str], JobId] = {}
         self._iterations: dict[IterationId, Iteration] = {}
         self._tasks: dict[TaskId, Task] = {}
         self._tasks_by_worker: dict[WorkerAddress, list[TaskId]] = {}
@@ -197,7 +199,7 @@ class DispatcherState:
             use_cross_trainer_cache=u.use_cross_trainer_cache,
         )
         if u.job_name:
-            self._job_by_name[u.job_name] = u.job_id
+            self._job_by_name[(u.dataset_id, u.job_name)] = u.job_id
         self._bump("job", u.job_id)
 
     def _apply_create_iteration(self, u: journal_pb2.CreateIterationUpdate) -> None:
@@ -571,8 +573,8 @@ class DispatcherState:
     def jobs(self) -> list[Job]:
         return list(self._jobs.values())
 
-    def job_named(self, job_name: str) -> Job | None:
-        job_id = self._job_by_name.get(job_name)
+    def job_named(self, dataset_id: str, job_name: str) -> Job | None:
+        job_id = self._job_by_name.get((dataset_id, job_name))
         return None if job_id is None else self._jobs[job_id]
 
     def iteration(self, iteration_id: int) -> Iteration | None:
@@ -693,15 +695,16 @@ class DispatcherState:
                 dataset.fingerprint in self._dataset_by_fingerprint,
                 f"dataset {dataset.dataset_id!r}: its fingerprint is not indexed",
             )
-        for name, job_id in self._job_by_name.items():
+        for (dataset_id, name), job_id in self._job_by_name.items():
+            job = self._jobs.get(job_id)
             check(
-                job_id in self._jobs and self._jobs[job_id].job_name == name,
-                f"job name {name!r} indexes job {job_id}, which is not named so",
+                job is not None and (job.dataset_id, job.job_name) == (dataset_id, name),
+                f"job name {name!r} of dataset {dataset_id!r} indexes job {job_id}, which is not named so",
             )
         for job in self._jobs.values():
             check(job.job_id < self._next_ids["job"], f"job {job.job_id} is not below the next job id")
             check(
-                not job.job_name or self._job_by_name.get(job.job_name) == job.job_id,
+                not job.job_name or self._job_by_name.get((job.dataset_id, job.job_name)) == job.job_id,
                 f"job {job.job_id}: its name {job.job_name!r} is not indexed",
             )
             for repetition, iteration_id in job.iterations.items():

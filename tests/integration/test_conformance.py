@@ -476,3 +476,64 @@ def test_bad_arguments_are_value_errors(run, kwargs, error):
     arguments = {"processing_mode": "parallel_epochs", "service": run.cluster(1).target, **kwargs}
     with pytest.raises(ValueError, match=error):
         tf.data.Dataset.range(10).apply(_distribute(run.service)(**arguments))
+
+
+def test_batches_larger_than_the_dataset(run):
+    """testBatchDropsAllElements / testBatchDoesNotDropRemainder: batch(1000) of range(10) over two
+    workers gives nothing with drop_remainder, and each worker's one short batch without."""
+    dropped = run(
+        lambda: tf.data.Dataset.range(10).batch(1000, drop_remainder=True), 2, processing_mode="parallel_epochs"
+    )
+    assert dropped == []
+    kept = run(lambda: tf.data.Dataset.range(10).batch(1000), 2, processing_mode="parallel_epochs")
+    assert kept == [tuple(range(10))] * 2
+
+
+@pytest.mark.parametrize("compression", [None, "AUTO"])
+def test_distribute_compression(run, compression):
+    """testDistributeCompression: range(10) with compression None or AUTO."""
+    got = run(lambda: tf.data.Dataset.range(10), 1, processing_mode="parallel_epochs", compression=compression)
+    assert got == list(range(10))
+
+
+def _from_dataset_id(run, dataset_id, element_spec, **kwargs) -> tf.data.Dataset:
+    from_dataset_id = service.from_dataset_id if run.service == "ours" else tf.data.experimental.service.from_dataset_id
+    return from_dataset_id(
+        processing_mode="parallel_epochs",
+        service=run.cluster(1).target,
+        dataset_id=dataset_id,
+        element_spec=element_spec,
+        **kwargs,
+    )
+
+
+def _register(run):
+    return service.register_dataset if run.service == "ours" else tf.data.experimental.service.register_dataset
+
+
+def test_from_dataset_id_of_nested_components(run):
+    """testFromDatasetIdMultipleComponents: a {"a": (x, x), "b": x} structure comes back as it went."""
+    _eager_only(run)
+    numbers = tf.data.Dataset.range(10)
+    dataset = tf.data.Dataset.zip({"a": (numbers, numbers), "b": numbers})
+    dataset_id = _register(run)(run.cluster(1).target, dataset)
+    output = list(_from_dataset_id(run, dataset_id, dataset.element_spec).as_numpy_iterator())
+    assert [(e["a"][0], e["a"][1], e["b"]) for e in output] == [(i, i, i) for i in range(10)]
+
+
+@pytest.mark.parametrize("same_id", [True, False], ids=["same-id", "different-ids"])
+def test_registered_ids_and_shared_jobs(run, same_id):
+    """testRegisterSameDatasetIds / testRegisterDifferentDatasetIds: two registrations under one id
+    are one dataset, so one job named for both is read out by the first reader; under two ids they
+    are two datasets and each reader gets all of range(10)."""
+    _eager_only(run)
+    first_id = _unique(run, "dataset")
+    second_id = first_id if same_id else _unique(run, "other")
+    ids = [
+        _register(run)(run.cluster(1).target, tf.data.Dataset.range(10), dataset_id=i) for i in (first_id, second_id)
+    ]
+    name = _unique(run, "job")
+    spec = tf.TensorSpec([], tf.int64)
+    first, second = (_from_dataset_id(run, i, spec, job_name=name) for i in ids)
+    assert list(first.as_numpy_iterator()) == list(range(10))
+    assert list(second.as_numpy_iterator()) == ([] if same_id else list(range(10)))

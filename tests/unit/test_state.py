@@ -38,7 +38,8 @@ def test_apply_builds_the_objects():
     assert {d.dataset_id for d in state.datasets()} == {"1", "named"}
     assert state.dataset_with_fingerprint("f2") == "named"
     assert state.next_dataset_id() == "2"
-    assert state.job_named("train").job_id == 1 and state.job_named("eval") is None
+    assert state.job_named("1", "train").job_id == 1 and state.job_named("1", "eval") is None
+    assert state.job_named("named", "train") is None, "a name is per dataset"
     iteration = state.iteration(1)
     assert iteration.task_ids == [1, 2] and iteration.client_ids == {1, 2}
     assert not iteration.finished, "one task is still running"
