@@ -167,8 +167,8 @@ def test_autoscaler_scales_the_workers_on_a_metric_the_dispatcher_exports():
 
 def _exported_metric_names():
     import tensorflow as tf
+    from dispatcher_helpers import FakeClock, RecordingNotifier, heartbeat, make_core, register, start_iteration
     from prometheus_client import generate_latest
-    from test_dispatcher_core import FakeClock, RecordingNotifier, heartbeat, make_core, register, start_iteration
 
     from dataservice.monitoring import metrics
 

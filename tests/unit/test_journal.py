@@ -5,7 +5,7 @@ import random
 import threading
 
 import pytest
-from test_state import comparable, random_updates
+from state_helpers import comparable, random_updates, record_offsets
 
 from dataservice.dispatcher import journal
 from dataservice.dispatcher.state import DispatcherState
@@ -28,16 +28,6 @@ def _state(updates):
     return DispatcherState.replay(updates)
 
 
-def _record_offsets(path):
-    """Where each record of a journal file starts (the header record first), and where they end."""
-    data = path.read_bytes()
-    offsets, offset = [], 0
-    while offset + 16 <= len(data) and data[offset : offset + 16] != bytes(16):
-        offsets.append(offset)
-        offset += 16 + int.from_bytes(data[offset + 4 : offset + 8], "little")
-    return offsets, offset
-
-
 def test_records_round_trip_across_segments(tmp_path):
     updates = random_updates(random.Random(1), 50)
     _write(tmp_path, updates[:30], seq=0)
@@ -50,14 +40,14 @@ def test_segments_are_whole_chunks_of_zeros_after_the_records(tmp_path):
     path = _write(tmp_path, random_updates(random.Random(1), 40), chunk=512)
     data = path.read_bytes()
     assert len(data) % 512 == 0 and len(data) > 512, "grown by whole chunks"
-    _, end = _record_offsets(path)
+    _, end = record_offsets(path)
     assert not any(data[end:])
 
 
 def test_a_torn_final_record_is_dropped_and_repaired_before_writing_on(tmp_path, caplog):
     updates = random_updates(random.Random(2), 10)
     path = _write(tmp_path, updates)
-    offsets, end = _record_offsets(path)
+    offsets, end = record_offsets(path)
     data = bytearray(path.read_bytes())
     data[offsets[-1] + 20 : end] = bytes(end - offsets[-1] - 20)  # the crash wrote only its first 20 bytes
     path.write_bytes(bytes(data))
@@ -74,7 +64,7 @@ def test_a_torn_final_record_is_dropped_and_repaired_before_writing_on(tmp_path,
 def test_damage_before_the_last_record_is_refused_with_file_and_offset(tmp_path):
     updates = random_updates(random.Random(4), 10)
     path = _write(tmp_path, updates)
-    offsets, _ = _record_offsets(path)
+    offsets, _ = record_offsets(path)
     data = bytearray(path.read_bytes())
     data[offsets[3] + 5] ^= 0xFF  # the length field of the third update's header
     path.write_bytes(bytes(data))

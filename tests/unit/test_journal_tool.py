@@ -5,8 +5,7 @@ import json
 import random
 
 import pytest
-from test_journal import _record_offsets
-from test_state import random_updates
+from state_helpers import random_updates, record_offsets
 
 from dataservice import cli
 from dataservice.dispatcher import journal, journal_tool
@@ -34,7 +33,7 @@ def _run(*argv):
 
 
 def _record_starts(path):
-    return _record_offsets(path)[0]
+    return record_offsets(path)[0]
 
 
 def test_an_empty_work_dir_would_start_empty(tmp_path):

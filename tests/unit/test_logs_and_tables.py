@@ -4,7 +4,7 @@ import json
 import logging
 
 import tensorflow as tf
-from test_dispatcher_core import FakeClock, RecordingNotifier, heartbeat, make_core, register, start_iteration
+from dispatcher_helpers import FakeClock, RecordingNotifier, heartbeat, make_core, register, start_iteration
 
 from dataservice.monitoring import logs, status_tables
 from dataservice.v1 import common_pb2

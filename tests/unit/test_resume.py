@@ -4,7 +4,7 @@ straight into DispatcherCore on a fake clock."""
 
 import pytest
 import tensorflow as tf
-from test_dispatcher_core import (
+from dispatcher_helpers import (
     DYNAMIC,
     OFF,
     FakeClock,

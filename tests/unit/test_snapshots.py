@@ -5,8 +5,8 @@ import os
 
 import pytest
 import tensorflow as tf
+from dispatcher_helpers import FakeClock, RecordingNotifier, heartbeat, register
 from tensorflow.core.protobuf import snapshot_pb2
-from test_dispatcher_core import FakeClock, RecordingNotifier, heartbeat, register
 
 from dataservice import status
 from dataservice.config import DispatcherConfig
