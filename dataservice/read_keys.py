@@ -1,33 +1,44 @@
-"""Iteration read keys: who may read an iteration's tasks and act for its clients.
+"""Read keys: who may read an iteration's tasks and act for one of its clients.
 
 Task ids and client ids are small counters anyone can guess, and a client's
 token is the same for every tenant of a cluster. So that one client cannot read
 another's tasks (in distributed_epoch the elements it takes are lost to their
-owner) or heartbeat and release another's iteration client, the dispatcher
-makes a random key for each iteration when it creates it, journals it, and hands
-it only to the clients that create or join the iteration (and, in each TaskDef,
-to the workers that run its tasks). Workers serve a task's elements, and the
-dispatcher answers ClientHeartbeat and ReleaseIterationClient, only to
-requests that carry it. Clients of one iteration share its key: they read the
-same data already.
+owner), heartbeat or release another's client, or pose as clients it is not
+(to get around the per-client stream limit), the dispatcher makes a random
+secret for each iteration when it creates it and journals it. Clients never
+see the secret: each client gets its own key, an HMAC of its client id under
+the iteration's secret, from the call that made it (GetOrCreateIteration,
+ResumeIteration). Workers get the secret with each task (TaskDef.read_key), so
+they can check a client's key for the client id it presents without asking the
+dispatcher; the dispatcher checks it on ClientHeartbeat and
+ReleaseIterationClient. A client id is thereby one the dispatcher issued, and
+only its holder can use it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 
-# 128 bits, as hex.
-KEY_BYTES = 16
+# 128-bit secrets, as hex.
+SECRET_BYTES = 16
+# Client keys: the first 128 bits of the HMAC-SHA256, as hex.
+_KEY_CHARS = 32
 
 
-def new_key() -> str:
-    return secrets.token_hex(KEY_BYTES)
+def new_secret() -> str:
+    return secrets.token_hex(SECRET_BYTES)
 
 
-def matches(provided: str, expected: str) -> bool:
-    """Whether `provided` is the iteration's key, in time that does not depend on where they differ.
-    An iteration without a key (journaled before keys existed) asks for none."""
-    if not expected:
+def client_key(secret: str, client_id: int) -> str:
+    """The key of client `client_id` of the iteration whose secret is `secret`."""
+    return hmac.new(secret.encode(), str(client_id).encode(), hashlib.sha256).hexdigest()[:_KEY_CHARS]
+
+
+def matches(provided: str, secret: str, client_id: int) -> bool:
+    """Whether `provided` is client `client_id`'s key, in time that does not depend on where they
+    differ. An iteration without a secret (journaled before read keys existed) asks for none."""
+    if not secret:
         return True
-    return hmac.compare_digest(provided.encode(), expected.encode())
+    return hmac.compare_digest(provided.encode(), client_key(secret, client_id).encode())

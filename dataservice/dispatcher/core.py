@@ -443,7 +443,7 @@ class DispatcherCore:
                         iteration_id=iteration_id,
                         job_id=job.job_id,
                         repetition=request.repetition,
-                        read_key=read_keys.new_key(),
+                        read_key=read_keys.new_secret(),
                     )
                 )
                 log.info(
@@ -457,7 +457,7 @@ class DispatcherCore:
             log.info("client joined", extra=ids(job_id=job.job_id, iteration_id=iteration_id, client_id=client_id))
         for task in new_tasks:
             self._notifier.process_task(task.worker_address, task)
-        read_key = self._state.iteration(iteration_id).read_key
+        read_key = read_keys.client_key(self._state.iteration(iteration_id).read_key, client_id)
         return dispatcher_pb2.GetOrCreateIterationResponse(
             iteration_client_id=client_id, iteration_id=iteration_id, read_key=read_key
         )
@@ -530,7 +530,7 @@ class DispatcherCore:
                     job_id=job_id,
                     repetition=saved_iteration.repetition,
                     resumes_iteration_id=saved_iteration.iteration_id,
-                    read_key=read_keys.new_key(),
+                    read_key=read_keys.new_secret(),
                 )
             )
             self._copy_splits(saved_iteration, iteration_id)
@@ -551,7 +551,7 @@ class DispatcherCore:
             iteration_id=iteration_id,
             repetition=saved_iteration.repetition,
             task_ids=[t.task_id for t in new_tasks],
-            read_key=self._state.iteration(iteration_id).read_key,
+            read_key=read_keys.client_key(self._state.iteration(iteration_id).read_key, client_id),
         )
 
     def _copy_splits(self, saved_iteration, iteration_id: IterationId) -> None:
@@ -615,10 +615,10 @@ class DispatcherCore:
                 f"iteration client {client_id} is not known to {self._where()}: it was released, timed out, "
                 "or the dispatcher restarted without fault_tolerant_mode"
             )
-        if not read_keys.matches(read_key, iteration.read_key):
+        if not read_keys.matches(read_key, iteration.read_key, client_id):
             raise status.permission_denied(
-                f"iteration client {client_id}: the read key is wrong; only the clients that created or joined "
-                f"iteration {iteration.iteration_id} may act for its clients"
+                f"iteration client {client_id}: the read key is wrong; only the client the dispatcher gave that id "
+                "to may act for it"
             )
         return iteration
 

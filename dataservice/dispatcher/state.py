@@ -87,7 +87,7 @@ class Iteration:
     round_limit: int = 0
     # A restored iterator's iteration: the iteration it continues (0: none).
     resumes_iteration_id: int = 0
-    # The secret its clients present to read it (CreateIterationUpdate.read_key; "" in journals
+    # The secret its clients' keys derive from (read_keys.py; CreateIterationUpdate.read_key; "" in journals
     # written before read keys: then none is asked for).
     read_key: str = ""
     # Counts over task_ids, kept by apply() so that split requests and finishing need no scan:

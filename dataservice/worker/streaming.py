@@ -161,10 +161,11 @@ def check_round_request(request: worker_pb2.GetElementRequest) -> None:
 
 
 def _check_read_key(worker: StreamContext, request: worker_pb2.StreamElementsRequest | worker_pb2.GetElementRequest):
-    if not worker.tasks.may_read(request.task_id, request.read_key):
+    if not worker.tasks.may_read(request.task_id, request.iteration_client_id, request.read_key):
         raise status.permission_denied(
             f"worker {worker.worker_address}: task {request.task_id} belongs to an iteration this client did not "
-            "create or join (its read key is wrong)"
+            f"create or join, or iteration client {request.iteration_client_id} is not this client (its read key "
+            "is wrong)"
         )
 
 

@@ -32,7 +32,7 @@ class TaskBook:
         self._round_robins: dict[int, RoundRobinServer] = {}
         self._finished: set[int] = set()
         self._unreported: set[int] = set()
-        # Each task's iteration read key (read_keys.py), kept while the worker knows the task.
+        # Each task's iteration secret (read_keys.py), kept while the worker knows the task.
         self._read_keys: dict[int, str] = {}
         self._closed = False
 
@@ -74,13 +74,13 @@ class TaskBook:
             self._changed.notify_all()
             return runner
 
-    def may_read(self, task_id: int, read_key: str) -> bool:
-        """Whether `read_key` is the key of the task's iteration (a task the book does not know,
-        or whose key it has forgotten, has no key to compare: streams then wait or end as for any
-        unknown or finished task)."""
+    def may_read(self, task_id: int, client_id: int, read_key: str) -> bool:
+        """Whether `read_key` is the key of client `client_id` of the task's iteration (a task the
+        book does not know, or has forgotten, has no secret to check against: streams then wait
+        or end as for any unknown or finished task)."""
         with self._lock:
-            expected = self._read_keys.get(task_id, "")
-        return read_keys.matches(read_key, expected)
+            secret = self._read_keys.get(task_id, "")
+        return read_keys.matches(read_key, secret, client_id)
 
     def remove(self, task_id: int) -> TaskRunner | None:
         """Forgets a running task the dispatcher stopped; returns its runner for the caller to stop."""

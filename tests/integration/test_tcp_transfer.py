@@ -17,7 +17,7 @@ from dataservice.rpc import errors
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import tcp
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.worker import streaming, tcp_server
+from dataservice.worker import tcp_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -166,50 +166,44 @@ def _iterations(cluster, count: int) -> list[tuple[int, int, str]]:
     return made
 
 
-def test_streams_per_client_are_bounded(cluster):
-    """A client id holds one stream per task (a new one replaces it, as a reconnect does) and
-    MAX_STREAMS_PER_CLIENT streams in all."""
-    limit = streaming.MAX_STREAMS_PER_CLIENT
-    iterations = _iterations(cluster, limit + 1)
-    task_ids = [task_id for task_id, _, _ in iterations]
-    keys = {task_id: key for task_id, _, key in iterations}
+def test_a_client_holds_one_stream_per_task_under_its_own_id_only(cluster):
+    """A client id holds one stream per task (a new one replaces it, as a reconnect does), and a
+    stream is served only to the client the dispatcher gave the id to: an id made up, or another
+    client's id with this client's key, is PERMISSION_DENIED (so the per-client stream limit,
+    MAX_STREAMS_PER_CLIENT, counts ids the dispatcher issued, not ones a client chooses)."""
+    (task, client, key), (other_task, other_client, other_key) = _iterations(cluster, 2)
     address = tcp.transfer_address(cluster.workers[0].transfer_address)
-    open_streams = []
 
-    def open_stream(task_id: int, client_id: int = 777, credits: int = 0) -> socket.socket:
+    def open_stream(task_id: int, client_id: int, read_key: str, credits: int = 0) -> socket.socket:
         sock = tcp.connect(address, 10)
         sock.settimeout(10)
         # Without credits the stream stays open, sending nothing.
         request = worker_pb2.StreamElementsRequest(
-            task_id=task_id, iteration_client_id=client_id, credits=credits, read_key=keys[task_id]
+            task_id=task_id, iteration_client_id=client_id, credits=credits, read_key=read_key
         )
         tcp.send_request(sock, request)
         return sock
 
+    replaced = open_stream(task, client, key)
+    current = open_stream(task, client, key)
     try:
-        replaced = open_stream(task_ids[0])
-        open_streams.append(open_stream(task_ids[0]))
         with pytest.raises(OSError):  # the worker ends the stream the new one replaces
             tcp.recv_response(replaced)
-        replaced.close()
-        open_streams += [open_stream(task_id) for task_id in task_ids[1:limit]]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # until the worker has taken them all
-            refused = open_stream(task_ids[limit], credits=1)
-            response, _ = tcp.recv_response(refused)
-            refused.close()
-            if response.error_code:
-                break
-        assert errors.status_code(response.error_code) == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert f"{limit} streams to iteration client 777" in response.error_message
-        # Another client is not affected.
-        other = open_stream(task_ids[limit], client_id=778, credits=1)
-        response, _ = tcp.recv_response(other)
-        other.close()
+        for task_id, client_id, read_key in (
+            (task, client + 1000, key),  # an id of the attacker's making
+            (task, other_client, key),  # another client's id
+            (other_task, other_client, key),  # another client's task and id, this client's key
+        ):
+            with open_stream(task_id, client_id, read_key, credits=1) as forged:
+                response, _ = tcp.recv_response(forged)
+            assert errors.status_code(response.error_code) == grpc.StatusCode.PERMISSION_DENIED
+            assert "read key is wrong" in response.error_message
+        with open_stream(other_task, other_client, other_key, credits=1) as own:
+            response, _ = tcp.recv_response(own)
         assert not response.error_code and response.chunks
     finally:
-        for sock in open_streams:
-            sock.close()
+        replaced.close()
+        current.close()
 
 
 def test_an_idle_stream_is_closed(cluster, monkeypatch):

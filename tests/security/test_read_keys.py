@@ -1,8 +1,8 @@
 """Tenants of one cluster apart (read_keys.py): a client holding the cluster's token, with an
 iteration of its own, tries to read another client's task (in distributed_epoch what it takes
 is lost to its owner) and to heartbeat and release that client, by ids one below its own, as
-an attacker would guess them. Each is PERMISSION_DENIED and the victim reads every element of
-its epoch exactly once."""
+an attacker would guess them, and to read its own task under a client id it made up. Each is
+PERMISSION_DENIED and the victim reads every element of its epoch exactly once."""
 
 from __future__ import annotations
 
@@ -69,6 +69,19 @@ def test_a_client_cannot_read_or_release_another_clients_iteration(secure_cluste
             raise AssertionError(f"{method} acted for another client")
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e.details()
+
+    # Its own task under an id it made up (to get around the per-client stream limit): refused too.
+    forged = worker_pb2.StreamElementsRequest(
+        task_id=min(t.task_id for t in own_tasks),
+        iteration_client_id=own.iteration_client_id + 10_000,
+        credits=1,
+        read_key=own.read_key,
+    )
+    try:
+        list(worker.StreamElements(iter([forged]), timeout=20))
+        raise AssertionError("a made-up client id was served")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e.details()
 
     read.extend(int(x) for x in victim)
     assert sorted(read) == list(range(ELEMENTS)), "the victim lost or repeated elements"

@@ -19,7 +19,7 @@ from dispatcher_helpers import (
     tasks_by_worker,
 )
 
-from dataservice import status
+from dataservice import read_keys, status
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import journal
 from dataservice.dispatcher.core import MIN_ROUND_WINDOW, DispatcherCore, split_range_size
@@ -366,7 +366,30 @@ def test_only_holders_of_an_iterations_read_key_act_for_its_clients(clock, notif
             )
         assert raised.value.code == status.Code.PERMISSION_DENIED
     assert core.summary()["unfinished_iterations"] == 2, "nothing was released"
-    # The workers running its tasks get the key with each task.
-    tasks = heartbeat(core, "w1:1").new_tasks
-    assert {t.read_key for t in tasks} == {iteration.read_key, other.read_key}
+    # The workers running its tasks get the iteration's secret with each task, which clients never
+    # see, and check a client's key for the id it presents with it.
+    task_of = {t.iteration_id: t for t in heartbeat(core, "w1:1").new_tasks}
+    secret = task_of[iteration.iteration_id].read_key
+    assert secret not in (iteration.read_key, other.read_key)
+    assert read_keys.matches(iteration.read_key, secret, client)
+    assert not read_keys.matches(iteration.read_key, secret, client + 1), "another client's id"
+    assert not read_keys.matches(other.read_key, secret, other.iteration_client_id)
     assert client_heartbeat(core, client).tasks
+
+
+def test_each_client_of_a_shared_job_has_a_key_of_its_own(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    dataset_id = register(core, tf.data.Dataset.range(10))
+    first = start_iteration(core, dataset_id, job_name="shared")
+    second = start_iteration(core, dataset_id, job_name="shared")
+    assert first.iteration_id == second.iteration_id and first.read_key != second.read_key
+    # The second cannot act for the first: heartbeat it, or release it.
+    with pytest.raises(status.ServiceError) as raised:
+        core.release_iteration_client(
+            dispatcher_pb2.ReleaseIterationClientRequest(
+                iteration_client_id=first.iteration_client_id, read_key=second.read_key
+            )
+        )
+    assert raised.value.code == status.Code.PERMISSION_DENIED
+    assert client_heartbeat(core, first.iteration_client_id).tasks
