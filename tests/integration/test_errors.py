@@ -233,11 +233,19 @@ def test_raw_rpcs_with_bad_ids_get_the_right_codes(cluster):
 
 
 def test_job_mismatch_names_the_difference(cluster):
+    """A named job asked for again with other arguments is INVALID_ARGUMENT naming what differs;
+    the same name for another dataset is another job, as in TensorFlow (names are per dataset)."""
     dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(5)).numpy().decode()
     stub = _stub(cluster)
-    stub.GetOrCreateJob(dispatcher_pb2.GetOrCreateJobRequest(dataset_id=dataset_id, job_name="a"), timeout=10)
-    other = service.register_dataset(cluster.target, tf.data.Dataset.range(6)).numpy().decode()
+    dynamic = common_pb2.ProcessingModeDef(sharding_policy=common_pb2.SHARDING_POLICY_DYNAMIC)
+    first = stub.GetOrCreateJob(dispatcher_pb2.GetOrCreateJobRequest(dataset_id=dataset_id, job_name="a"), timeout=10)
     with pytest.raises(grpc.RpcError) as info:
-        stub.GetOrCreateJob(dispatcher_pb2.GetOrCreateJobRequest(dataset_id=other, job_name="a"), timeout=10)
+        stub.GetOrCreateJob(
+            dispatcher_pb2.GetOrCreateJobRequest(dataset_id=dataset_id, job_name="a", processing_mode=dynamic),
+            timeout=10,
+        )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "dataset" in info.value.details()
+    assert "processing mode" in info.value.details()
+    other = service.register_dataset(cluster.target, tf.data.Dataset.range(6)).numpy().decode()
+    second = stub.GetOrCreateJob(dispatcher_pb2.GetOrCreateJobRequest(dataset_id=other, job_name="a"), timeout=10)
+    assert second.job_id != first.job_id
