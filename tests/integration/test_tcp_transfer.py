@@ -211,23 +211,14 @@ def test_an_idle_stream_is_closed(cluster, monkeypatch):
     acknowledgements) is closed after IDLE_STREAM_TIMEOUT_S, freeing its slot; a reader that
     is still there reconnects and the worker sends again what it had not acknowledged."""
     monkeypatch.setattr(tcp_server, "IDLE_STREAM_TIMEOUT_S", 1.0)
-    dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10**6)).numpy().decode()
-    with DispatcherClient(cluster.address, 10) as client:
-        job_id = client.get_or_create_job(
-            dispatcher_pb2.GetOrCreateJobRequest(
-                dataset_id=dataset_id,
-                processing_mode=common_pb2.ProcessingModeDef(sharding_policy=common_pb2.SHARDING_POLICY_OFF),
-            )
-        )
-        iteration = client.get_or_create_iteration(job_id, 0)
-        (task,) = client.client_heartbeat(iteration.iteration_client_id, read_key=iteration.read_key).tasks
+    ((task_id, client_id, read_key),) = _iterations(cluster, 1)
     address = tcp.transfer_address(cluster.workers[0].transfer_address)
     with tcp.connect(address, 10) as sock:
         request = worker_pb2.StreamElementsRequest(
-            task_id=task.task_id,
-            iteration_client_id=iteration.iteration_client_id,
+            task_id=task_id,
+            iteration_client_id=client_id,
             credits=1,
-            read_key=iteration.read_key,
+            read_key=read_key,
         )
         tcp.send_request(sock, request)
         response, _ = tcp.recv_response(sock)
