@@ -43,10 +43,7 @@ def _check_monitoring_security(config) -> None:
             "monitoring_tls serves the monitoring port with the server's certificate: it needs "
             "protocol='grpc+tls' with tls_cert_file and tls_key_file"
         )
-    if config.monitoring_token_file is not None:
-        if not isinstance(config.monitoring_token_file, str) or not config.monitoring_token_file:
-            raise ValueError(f"monitoring_token_file must be a path, got {config.monitoring_token_file!r}")
-        auth.read_token_file(config.monitoring_token_file)
+    _check_token_file(config.monitoring_token_file, "monitoring_token_file")
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -54,11 +51,13 @@ def _check_bool(name: str, value: object) -> None:
         raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
-def _check_token_file(path: str | None) -> None:
-    if path is not None:
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"auth_token_file must be a path, got {path!r}")
-        auth.read_token_file(path)
+def _check_token_file(path: str | None, name: str = "auth_token_file") -> str | None:
+    """The token in the file `path` names (None for None); ValueError naming the field `name`."""
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{name} must be a path, got {path!r}")
+    return auth.read_token_file(path)
 
 
 def _absolute_paths(name: str, paths: Sequence[str]) -> tuple[str, ...]:
@@ -71,12 +70,9 @@ def _absolute_paths(name: str, paths: Sequence[str]) -> tuple[str, ...]:
 
 
 def _check_worker_token_file(config) -> None:
-    path = config.worker_token_file
-    if path is None:
+    worker_token = _check_token_file(config.worker_token_file, "worker_token_file")
+    if worker_token is None:
         return
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"worker_token_file must be a path, got {path!r}")
-    worker_token = auth.read_token_file(path)
     if config.auth_token_file and auth.matches(worker_token, auth.read_token_file(config.auth_token_file)):
         raise ValueError(
             "worker_token_file holds the same token as auth_token_file: the worker token must be a secret of the "

@@ -46,7 +46,7 @@ class DispatchServer:
         if self._config.monitoring_port is not None:
             self._registry = metrics.new_registry(metrics.DispatcherCollector(self._status_or_empty))
             interceptors.append(metrics.RpcMetricsInterceptor(self._registry))
-        security = servers.ServerSecurity.of(self._config)
+        self._security = security = servers.ServerSecurity.of(self._config)
         if security.auth_token is not None and self._config.fault_tolerant_mode and not self._config.snapshot_roots:
             log.warning(
                 "this dispatcher requires a token but has no snapshot_roots: any client with the token may have "
@@ -102,7 +102,7 @@ class DispatchServer:
                 status=self._status_or_empty,
                 role="dispatcher",
                 health=self._health,
-                **servers.ServerSecurity.of(self._config).monitoring(self._config),
+                **self._security.monitoring(),
             )
             log.info("dispatcher monitoring (status page, /metrics) on port %d", self._monitoring.port)
         state, self._journal = self._recover()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import http.server
 import json
 import logging
@@ -28,6 +27,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from dataservice.monitoring.health import HealthReporter
+from dataservice.rpc import auth
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _authorized(header: str | None, token: str | None) -> bool:
             provided = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[2]
         except (binascii.Error, UnicodeDecodeError):
             return False
-    return hmac.compare_digest(provided.encode(), token.encode())
+    return auth.matches(provided, token)
 
 
 class _Server(http.server.ThreadingHTTPServer):

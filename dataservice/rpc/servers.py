@@ -36,6 +36,9 @@ class ServerSecurity:
     tls: tls.ServerTls | None = None
     auth_token: str | None = None
     worker_token: str | None = None
+    # The monitoring port's (monitoring_token_file, monitoring_tls).
+    monitoring_token: str | None = None
+    monitoring_tls: bool = False
 
     @classmethod
     def of(cls, config: Any) -> ServerSecurity:
@@ -45,7 +48,8 @@ class ServerSecurity:
             server_tls = tls.ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
         token = auth.read_token_file(config.auth_token_file) if config.auth_token_file else None
         worker_token = auth.read_token_file(config.worker_token_file) if config.worker_token_file else None
-        return cls(server_tls, token, worker_token)
+        monitoring_token = auth.read_token_file(config.monitoring_token_file) if config.monitoring_token_file else None
+        return cls(server_tls, token, worker_token, monitoring_token, config.monitoring_tls)
 
     @property
     def server_token(self) -> str | None:
@@ -66,12 +70,10 @@ class ServerSecurity:
         """For the TCP data transfer: None serves plaintext."""
         return self.tls.server_context() if self.tls is not None else None
 
-    def monitoring(self, config: Any) -> dict[str, Any]:
-        """MonitoringServer's token and ssl_context from the config (monitoring_token_file and
-        monitoring_tls)."""
-        token = auth.read_token_file(config.monitoring_token_file) if config.monitoring_token_file else None
-        context = self.tls.monitoring_context() if config.monitoring_tls and self.tls is not None else None
-        return {"token": token, "ssl_context": context}
+    def monitoring(self) -> dict[str, Any]:
+        """MonitoringServer's token and ssl_context."""
+        context = self.tls.monitoring_context() if self.monitoring_tls and self.tls is not None else None
+        return {"token": self.monitoring_token, "ssl_context": context}
 
     def as_client(self) -> tls.TlsFiles | None:
         """What the server presents and trusts when it calls another server (None: plaintext)."""

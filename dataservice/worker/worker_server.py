@@ -73,7 +73,7 @@ class WorkerServer:
         if config.monitoring_port is not None:
             self._registry = metrics.new_registry(metrics.WorkerCollector(self._metrics_data))
             interceptors.append(metrics.RpcMetricsInterceptor(self._registry))
-        security = servers.ServerSecurity.of(config)
+        self._security = security = servers.ServerSecurity.of(config)
         interceptors.extend(security.interceptors(lambda: f"worker {self.address}"))
         self._server = servers.new_server(
             max_workers=64, max_receive_bytes=servers.WORKER_MAX_RECEIVE_BYTES, interceptors=interceptors
@@ -148,7 +148,7 @@ class WorkerServer:
                 self._registry,
                 role="worker",
                 health=self._health,
-                **servers.ServerSecurity.of(self._config).monitoring(self._config),
+                **self._security.monitoring(),
             )
             log.info("worker /metrics on port %d", self._monitoring.port, extra=ids(worker=self.address))
         # Clients in this process read through memory (transfer/local.py).
@@ -325,7 +325,7 @@ class WorkerServer:
             rounds = RoundRobinServer(runner, task.num_consumers, task.starting_round) if task.num_consumers else None
             return runner, rounds
 
-        if self._tasks.add(task.task_id, start, read_key=task.read_key) is None:
+        if self._tasks.add(task.task_id, start, secret=task.read_key) is None:
             return
         log.info(
             "task started",
