@@ -20,7 +20,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import tensorflow as tf
@@ -506,7 +506,8 @@ class DispatcherCore:
             _check_resumable(saved_job, job_request)
             dataset = self._dataset(job_request.dataset_id)  # still registered
             saved = self._state.tasks_of(saved_iteration)
-            _check_positions(saved_job.sharding_policy, dataset.metadata.cardinality, saved, consumed)
+            positions = resume.positions(saved, consumed)
+            _check_positions(saved_job.sharding_policy, dataset.metadata.cardinality, positions, consumed)
             alive = self._state.alive_workers()
             # Workers heard from lately first: a worker killed with the trainer (a replaced pod) is
             # still alive here until worker_timeout_ms, and a task given to it would wait that long.
@@ -517,7 +518,7 @@ class DispatcherCore:
                 raise status.unavailable(
                     f"no worker is registered with {self._where()}: the restored iterator resumes once one is"
                 )
-            planned = resume.plan_tasks(saved_job.sharding_policy, saved, resume.positions(saved, consumed), alive)
+            planned = resume.plan_tasks(saved_job.sharding_policy, saved, positions, alive)
             # A job of its own, anonymous: released with its one client.
             anonymous = dispatcher_pb2.GetOrCreateJobRequest()
             anonymous.CopyFrom(job_request)
@@ -990,15 +991,15 @@ def _rebuild(updates: list[journal_pb2.Update]) -> list[journal_pb2.Update]:
     return DispatcherState.replay(updates).to_updates()
 
 
-def _check_positions(sharding_policy: int, cardinality: int, saved: Sequence, consumed: dict[int, int]) -> None:
-    """INVALID_ARGUMENT for a checkpoint whose positions the journal says are impossible: a task
-    past the end of a dataset of known cardinality (every task's stream is at most one pass; in
-    distributed_epoch all tasks together are), which would have the new tasks' workers skip for
-    ever. (What each task produced is not journaled, so positions below that bound pass.)"""
+def _check_positions(sharding_policy: int, cardinality: int, positions: dict[int, int], named: Iterable[int]) -> None:
+    """INVALID_ARGUMENT for a checkpoint whose positions (resume.positions; `named`: the tasks the
+    checkpoint names) the journal says are impossible: a task past the end of a dataset of known
+    cardinality (every task's stream is at most one pass; in distributed_epoch all tasks together
+    are), which would have the new tasks' workers skip for ever. (What each task produced is not
+    journaled, so positions below that bound pass.)"""
     if cardinality < 0:
         return
-    positions = resume.positions(saved, consumed)
-    for task_id in consumed:
+    for task_id in named:
         if positions[task_id] > cardinality:
             raise status.invalid_argument(
                 f"the checkpoint says its consumer had gone {positions[task_id]} elements into task {task_id}, "

@@ -32,8 +32,8 @@ class TaskBook:
         self._round_robins: dict[int, RoundRobinServer] = {}
         self._finished: set[int] = set()
         self._unreported: set[int] = set()
-        # Each task's iteration secret (read_keys.py), kept while the worker knows the task.
-        self._read_keys: dict[int, str] = {}
+        # Each task's iteration secret (read_keys.py; TaskDef.read_key), kept while the worker knows it.
+        self._secrets: dict[int, str] = {}
         self._closed = False
 
     def is_known(self, task_id: int) -> bool:
@@ -45,17 +45,17 @@ class TaskBook:
         self,
         task_id: int,
         start: Callable[[], tuple[TaskRunner, RoundRobinServer | None]],
-        read_key: str = "",
+        secret: str = "",
     ) -> TaskRunner | None:
         """Starts a task with `start` (called under the lock, so a task is never started twice)
-        and records its runner, round server and its iteration's read key; None if it is known
+        and records its runner, round server and its iteration's secret; None if it is known
         already."""
         with self._lock:
             if self._closed or task_id in self._runners or task_id in self._finished:
                 return None
             runner, round_robin = start()
             self._runners[task_id] = runner
-            self._read_keys[task_id] = read_key
+            self._secrets[task_id] = secret
             if round_robin is not None:
                 self._round_robins[task_id] = round_robin
             self._changed.notify_all()
@@ -79,13 +79,13 @@ class TaskBook:
         book does not know, or has forgotten, has no secret to check against: streams then wait
         or end as for any unknown or finished task)."""
         with self._lock:
-            secret = self._read_keys.get(task_id, "")
+            secret = self._secrets.get(task_id, "")
         return read_keys.matches(read_key, secret, client_id)
 
     def remove(self, task_id: int) -> TaskRunner | None:
         """Forgets a running task the dispatcher stopped; returns its runner for the caller to stop."""
         with self._lock:
-            self._read_keys.pop(task_id, None)
+            self._secrets.pop(task_id, None)
             self._round_robins.pop(task_id, None)
             return self._runners.pop(task_id, None)
 
