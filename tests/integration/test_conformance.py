@@ -271,9 +271,10 @@ def _unique(run, name: str) -> str:
     return f"{name}-{run.service}-{run.mode}-{np.random.default_rng().integers(1 << 40)}"
 
 
-def _eager_only(run) -> None:
-    if run.mode != "eager":
-        pytest.skip("TensorFlow's test runs this scenario eagerly only")
+# For a scenario TensorFlow's test runs eagerly only: the `run` fixture for both services, eager.
+eager_only = pytest.mark.parametrize(
+    "run", [(s, "eager") for s in SERVICES], indirect=True, ids=lambda p: f"{p[0]}-{p[1]}"
+)
 
 
 def test_distribute_basic(run):
@@ -281,9 +282,9 @@ def test_distribute_basic(run):
     assert run(lambda: tf.data.Dataset.range(10), 1, processing_mode="parallel_epochs") == list(range(10))
 
 
+@eager_only
 def test_distribute_sparse(run):
     """testDistributeSparse: a SparseTensor element arrives as one."""
-    _eager_only(run)
     element = tf.sparse.SparseTensor(indices=[[0]], values=tf.constant([0], dtype=tf.int32), dense_shape=[1])
     dataset = tf.data.Dataset.from_tensors(element).apply(
         _distribute(run.service)(processing_mode="parallel_epochs", service=run.cluster(1).target)
@@ -291,9 +292,9 @@ def test_distribute_sparse(run):
     assert [tf.sparse.to_dense(e).numpy().tolist() for e in dataset] == [[0]]
 
 
+@eager_only
 def test_distribute_ragged(run):
     """testDistributeRagged: dense_to_ragged_batch of ranges arrives as the same ragged batches."""
-    _eager_only(run)
     dataset = (
         tf.data.Dataset.from_tensor_slices([1, 5, 3, 2, 8])
         .map(tf.range)
@@ -304,6 +305,7 @@ def test_distribute_ragged(run):
     assert got == [[[0, 0, 0, 0, 0], [0, 1, 2, 3, 4]], [[0, 1, 2], [0, 1, 0]], [[0, 1, 2, 3, 4, 5, 6, 7]]]
 
 
+@eager_only  # its graph case initializes the table with a Session of TensorFlow's test base
 @pytest.mark.parametrize("init_source", ["keyvaluetensor", "dataset"])
 def test_distribute_lookup_table(run, init_source):
     """testDistributeLookupTable: a StaticHashTable built in the pipeline's graph. (Its "textfile"
@@ -321,15 +323,13 @@ def test_distribute_lookup_table(run, init_source):
         table = tf.lookup.StaticHashTable(initializer, -1)
         return tf.data.Dataset.range(3).map(table.lookup)
 
-    if run.mode == "graph":
-        pytest.skip("its graph case initializes the table with a Session of TensorFlow's test base")
     assert run(pipeline, 1, processing_mode="parallel_epochs") == [10, 11, -1]
 
 
+@eager_only
 def test_a_table_from_a_file_is_refused_by_our_policy(run, tmp_path):
     """testDistributeLookupTable("textfile"): TensorFlow's service runs it; ours refuses reading a
     table from a file on the workers (the dataset policy, README "Security")."""
-    _eager_only(run)
     vocabulary = tmp_path / "vocabulary.txt"
     vocabulary.write_text("10\n11\n")
 
@@ -382,9 +382,9 @@ def test_multi_worker(run, max_outstanding_requests):
     _same_items(got, list(range(10)) * 3)
 
 
+@eager_only
 def test_shared_job_name(run):
     """testSharedJobName: two iterators of one named job share its elements, each element once."""
-    _eager_only(run)
     cluster, name = run.cluster(1), _unique(run, "shared")
 
     def make() -> tf.data.Dataset:
@@ -409,9 +409,9 @@ def test_different_job_names(run):
         assert got == list(range(10))
 
 
+@eager_only
 def test_shared_job_name_multi_iteration(run):
     """testSharedJobNameMultiIteration: a named job's epochs alternate between its two datasets."""
-    _eager_only(run)
     cluster, name = run.cluster(1), _unique(run, "epochs")
 
     def make() -> tf.data.Dataset:
@@ -511,9 +511,9 @@ def _register(run):
     return service.register_dataset if run.service == "ours" else tf.data.experimental.service.register_dataset
 
 
+@eager_only
 def test_from_dataset_id_of_nested_components(run):
     """testFromDatasetIdMultipleComponents: a {"a": (x, x), "b": x} structure comes back as it went."""
-    _eager_only(run)
     numbers = tf.data.Dataset.range(10)
     dataset = tf.data.Dataset.zip({"a": (numbers, numbers), "b": numbers})
     dataset_id = _register(run)(run.cluster(1).target, dataset)
@@ -521,12 +521,12 @@ def test_from_dataset_id_of_nested_components(run):
     assert [(e["a"][0], e["a"][1], e["b"]) for e in output] == [(i, i, i) for i in range(10)]
 
 
+@eager_only
 @pytest.mark.parametrize("same_id", [True, False], ids=["same-id", "different-ids"])
 def test_registered_ids_and_shared_jobs(run, same_id):
     """testRegisterSameDatasetIds / testRegisterDifferentDatasetIds: two registrations under one id
     are one dataset, so one job named for both is read out by the first reader; under two ids they
     are two datasets and each reader gets all of range(10)."""
-    _eager_only(run)
     first_id = _unique(run, "dataset")
     second_id = first_id if same_id else _unique(run, "other")
     ids = [
