@@ -120,7 +120,7 @@ class TlsStream:
     OpenSSL does not allow one connection to be used by two threads at once, and a stream
     is read by one thread and written by another (credits one way, elements the other). So
     every read and write holds a lock while it calls into TLS; a reader waiting for data
-    waits outside the lock (select on the socket), so a writer is never held up by it."""
+    waits outside the lock (polling the socket), so a writer is never held up by it."""
 
     POLL_S = 0.5
 
@@ -147,7 +147,7 @@ class TlsStream:
                 except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     pass
             self._check(deadline)
-            select.select([self._sock], [], [], self.POLL_S)
+            _wait_for(self._sock, select.POLLIN)
 
     def sendall(self, data) -> None:
         deadline = self._deadline()
@@ -162,7 +162,7 @@ class TlsStream:
                 view = view[sent:]
             else:
                 self._check(deadline)
-                select.select([], [self._sock], [], self.POLL_S)
+                _wait_for(self._sock, select.POLLOUT)
 
     def shutdown(self, how: int) -> None:
         self._sock.shutdown(how)  # without the lock: it ends a wait in another thread
@@ -180,6 +180,14 @@ class TlsStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _wait_for(sock: socket.socket, event: int) -> None:
+    """Waits up to TlsStream.POLL_S for `event` on `sock`. poll, not select: select cannot
+    watch a descriptor numbered 1024 or more, which a server with many connections has."""
+    poller = select.poll()
+    poller.register(sock, event)
+    poller.poll(TlsStream.POLL_S * 1000)
 
 
 def connect_unix(name: str, timeout_s: float, tls: TlsFiles | None = None, server_hostname: str = "") -> socket.socket:
