@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from dataservice.rpc import auth, tls
+from dataservice.rpc import auth, peers, tls
 from dataservice.rpc.channels import MAX_MESSAGE_BYTES
 from dataservice.rpc.request_validation import RequestValidationInterceptor
 
@@ -98,18 +98,25 @@ def bind(server: grpc.Server, port: int, credentials: grpc.ServerCredentials | N
 
 # Calls a server runs or queues at once (its threads run max_workers of them).
 MAX_CONCURRENT_RPCS = 1024
+# The part of a server's threads one peer's streaming calls may hold (rpc/peers.py).
+PEER_THREAD_SHARE = 0.5
 
 
 def new_server(
     max_workers: int, max_receive_bytes: int, interceptors: Sequence[grpc.ServerInterceptor] = ()
 ) -> grpc.Server:
     """A server whose requests may be at most `max_receive_bytes` (larger ones are
-    RESOURCE_EXHAUSTED before they reach a handler, gRPC's message naming both sizes)."""
+    RESOURCE_EXHAUSTED before they reach a handler, gRPC's message naming both sizes), and
+    whose streaming calls from one peer take at most PEER_THREAD_SHARE of its threads."""
     return grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)],
         # Calls beyond it are RESOURCE_EXHAUSTED at once rather than queued without bound.
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         # Innermost: decoding happens after metrics and authentication have seen the call.
-        interceptors=[*interceptors, RequestValidationInterceptor()],
+        interceptors=[
+            *interceptors,
+            peers.PeerShareInterceptor(max(1, int(max_workers * PEER_THREAD_SHARE))),
+            RequestValidationInterceptor(),
+        ],
     )

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from google.protobuf.message import Message
 
 from dataservice import status
+from dataservice.rpc import peers
 from dataservice.transfer import compression, local, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
 from dataservice.worker.delivery import Deliveries, Delivery, SentMessage
@@ -44,33 +45,14 @@ ROUND_WAIT_S = 2.0
 # task with one stream (a retry may overlap the stream it replaces), and has one task per
 # worker and iteration: anything near this is a client gone wrong, or hostile.
 MAX_STREAMS_PER_CLIENT = 16
+# A stream whose client sent no request (credits, acknowledgements) and took nothing the worker
+# sent for this long is ended by its transfer, so that idle streams do not hold connection
+# slots or server threads for good; a client still reading reconnects, and the worker sends
+# again what it had not acknowledged (worker/delivery.py), so nothing is lost.
+IDLE_STREAM_TIMEOUT_S = 300.0
 
 # A response header and the buffers that follow it.
 Response = tuple[Message, list[wire.BufferEntry]]
-
-
-class StreamLimiter:
-    """Counts the open streams of each iteration client, up to MAX_STREAMS_PER_CLIENT."""
-
-    def __init__(self, limit: int = MAX_STREAMS_PER_CLIENT) -> None:
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._open: dict[int, int] = {}
-
-    def acquire(self, client_id: int) -> bool:
-        with self._lock:
-            if self._open.get(client_id, 0) >= self.limit:
-                return False
-            self._open[client_id] = self._open.get(client_id, 0) + 1
-            return True
-
-    def release(self, client_id: int) -> None:
-        with self._lock:
-            left = self._open.get(client_id, 0) - 1
-            if left > 0:
-                self._open[client_id] = left
-            else:
-                self._open.pop(client_id, None)
 
 
 class TransferStats:
@@ -108,7 +90,7 @@ class StreamContext:
     tasks: TaskBook
     report_finished: Callable[[int], None]
     transfer: TransferStats = dataclasses.field(default_factory=TransferStats)
-    limiter: StreamLimiter = dataclasses.field(default_factory=StreamLimiter)
+    limiter: peers.KeyedLimiter = dataclasses.field(default_factory=lambda: peers.KeyedLimiter(MAX_STREAMS_PER_CLIENT))
     deliveries: Deliveries = dataclasses.field(default_factory=Deliveries)
 
 

@@ -7,8 +7,10 @@ A connection takes one of MAX_STREAMS stream slots only once its first
 request has authenticated it, which it must send within FIRST_REQUEST_TIMEOUT_S
 (after the TLS handshake, itself bounded); until then it is one of at most
 MAX_PENDING, so connections that never send a token cannot lock clients out.
-An authenticated stream idle for IDLE_STREAM_TIMEOUT_S is closed.
-A client over either limit is told UNAVAILABLE and retries, as it would on an
+One peer (rpc/peers.py) may have at most MAX_PENDING_PER_PEER of those and
+MAX_STREAMS_PER_PEER of the stream slots, so that one host cannot take them
+from the others. An authenticated stream idle for streaming.IDLE_STREAM_TIMEOUT_S is closed.
+A client over any limit is told UNAVAILABLE and retries, as it would on an
 overloaded gRPC server. A Unix
 stream whose client asks for it carries its message bodies in a ring of
 shared memory (transfer/shared_memory.py), unless TLS is on (the ring's
@@ -24,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from dataservice import status
-from dataservice.rpc import auth
+from dataservice.rpc import auth, peers
 from dataservice.transfer import shared_memory, tcp, wire
 from dataservice.v1 import worker_pb2
 from dataservice.worker import streaming
@@ -34,16 +36,14 @@ log = logging.getLogger(__name__)
 MAX_STREAMS = 256
 # Connections that have not authenticated yet, and how long each has to.
 MAX_PENDING = 1024
+# One peer's share of each.
+MAX_STREAMS_PER_PEER = MAX_STREAMS // 2
+MAX_PENDING_PER_PEER = 64
 FIRST_REQUEST_TIMEOUT_S = 10.0
 # A ring's slots hold a message body of the largest usual size (streaming.py), with its padding.
 _RING_SLOT_BYTES = streaming.MAX_BYTES_PER_MESSAGE + 64 * 1024
 # How long a client may take over its TLS handshake.
 HANDSHAKE_TIMEOUT_S = 10.0
-# An authenticated stream on which the client sent no request (credits, acknowledgements) and took
-# nothing the worker sent for this long is closed, so that idle streams do not hold slots for
-# good; a client still reading reconnects, and the worker sends again what it had not
-# acknowledged (worker/delivery.py), so nothing is lost.
-IDLE_STREAM_TIMEOUT_S = 300.0
 
 StreamFn = Callable[
     [worker_pb2.StreamElementsRequest, Iterator[worker_pb2.StreamElementsRequest], Callable[[], bool]],
@@ -96,6 +96,9 @@ class TcpTransferServer:
         self._connections: set[socket.socket] = set()
         self._pending = 0  # connections without a first request yet
         self._streams = 0  # authenticated connections (stream slots taken)
+        # The same, per peer (their limits, the module's, read at each check).
+        self._pending_by_peer = peers.KeyedLimiter(MAX_PENDING_PER_PEER)
+        self._streams_by_peer = peers.KeyedLimiter(MAX_STREAMS_PER_PEER)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="tcp-transfer-accept", daemon=True)
 
@@ -119,23 +122,31 @@ class TcpTransferServer:
     def _accept_loop(self) -> None:
         while not self._stopped.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, address = self._listener.accept()
             except OSError:
                 if self._stopped.is_set():
                     return
                 continue  # e.g. too many open files for a moment
+            peer = peers.host_of_socket_address(address)
             with self._lock:
-                over = self._pending >= MAX_PENDING
-                if not over:
+                if self._pending >= MAX_PENDING:
+                    refusal = f"the worker has {MAX_PENDING} connections waiting for their first request"
+                elif not self._pending_by_peer.acquire(peer, MAX_PENDING_PER_PEER):
+                    refusal = (
+                        f"the worker has {MAX_PENDING_PER_PEER} connections from {peer} waiting for their "
+                        "first request, the most one host may have"
+                    )
+                else:
+                    refusal = None
                     self._pending += 1
                     self._connections.add(conn)
-            if over:
-                message = f"the worker has {MAX_PENDING} connections waiting for their first request: retry later"
+            if refusal is not None:
+                message = f"{refusal}: retry later"
                 threading.Thread(target=self._refuse, args=(conn, message), daemon=True).start()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="tcp-transfer-stream", daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, peer), name="tcp-transfer-stream", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: str) -> None:
         streaming_slot = False
         try:
             tcp.configure(conn)
@@ -158,11 +169,11 @@ class TcpTransferServer:
             if refused is not None:
                 _send_error(conn, status.Code.UNAUTHENTICATED, refused)
                 return
-            conn.settimeout(IDLE_STREAM_TIMEOUT_S)
-            streaming_slot = self._take_stream_slot()
-            if not streaming_slot:
-                message = f"the worker serves {MAX_STREAMS} data streams already: retry later"
-                _send_error(conn, status.Code.UNAVAILABLE, message)
+            conn.settimeout(streaming.IDLE_STREAM_TIMEOUT_S)
+            refusal = self._take_stream_slot(peer)
+            streaming_slot = refusal is None
+            if refusal is not None:
+                _send_error(conn, status.Code.UNAVAILABLE, f"{refusal}: retry later")
                 return
             sender = _MessageSender(conn, self._rings, request.shared_memory_bytes)
             try:
@@ -181,18 +192,27 @@ class TcpTransferServer:
                 self._connections.discard(conn)
                 if streaming_slot:
                     self._streams -= 1
+                    self._streams_by_peer.release(peer)
                 else:
                     self._pending -= 1
+                    self._pending_by_peer.release(peer)
             _close(conn)
 
-    def _take_stream_slot(self) -> bool:
-        """An authenticated connection's stream slot (no longer pending), if one is free."""
+    def _take_stream_slot(self, peer: str) -> str | None:
+        """Moves an authenticated connection from pending to a stream slot, if the worker and
+        its peer have one free; else says why not."""
         with self._lock:
             if self._streams >= MAX_STREAMS:
-                return False
+                return f"the worker serves {MAX_STREAMS} data streams already"
+            if not self._streams_by_peer.acquire(peer, MAX_STREAMS_PER_PEER):
+                return (
+                    f"the worker serves {MAX_STREAMS_PER_PEER} data streams to {peer} already, "
+                    "the most one host may have"
+                )
             self._streams += 1
             self._pending -= 1
-            return True
+            self._pending_by_peer.release(peer)
+            return None
 
     def _handshake(self, raw: socket.socket) -> socket.socket | None:
         """The TLS connection over `raw`, or None if the client's handshake failed (logged) or

@@ -86,8 +86,8 @@ class WorkerServer:
         self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set)
         self._production = ProductionTotals()
         self._streams = streams = streaming.StreamContext(self.address, self._tasks, self.report_finished)
-        servicer = WorkerServicer(streams, start_task=self.start_task, prepare_dataset=self.prepare_dataset)
-        grpc_service.add_worker_service(self._server, servicer)
+        self._servicer = WorkerServicer(streams, start_task=self.start_task, prepare_dataset=self.prepare_dataset)
+        grpc_service.add_worker_service(self._server, self._servicer)
         # Ready (SERVING) once registered with the dispatcher.
         self._health = HealthReporter(self._server, [SERVICE_NAME])
         self._monitoring: MonitoringServer | None = None
@@ -179,6 +179,7 @@ class WorkerServer:
         if self._monitoring is not None:
             self._monitoring.stop()
         self._server.stop(grace_s).wait()
+        self._servicer.idle_streams.stop()
         self._dispatcher.close()
 
     @property

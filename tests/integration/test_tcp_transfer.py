@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 
 import grpc
@@ -13,11 +14,11 @@ import pytest
 import tensorflow as tf
 
 import dataservice as service
-from dataservice.rpc import errors
+from dataservice.rpc import channels, errors
 from dataservice.rpc.dispatcher_client import DispatcherClient
-from dataservice.transfer import tcp
+from dataservice.transfer import local, tcp
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.worker import tcp_server
+from dataservice.worker import streaming, tcp_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -148,9 +149,11 @@ def test_worker_config_checks_its_transfer_fields():
         service.WorkerConfig(dispatcher_address="localhost:1", data_transfer_address="no-port")
 
 
-def _iterations(cluster, count: int) -> list[tuple[int, int, str]]:
-    """`count` iterations of range(10**7) made as a client makes them: (task id, client id, read key)."""
-    dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10**7)).numpy().decode()
+def _iterations(cluster, count: int, dataset: tf.data.Dataset | None = None) -> list[tuple[int, int, str]]:
+    """`count` iterations of `dataset` (range(10**7)) made as a client makes them: (task id,
+    client id, read key)."""
+    dataset = tf.data.Dataset.range(10**7) if dataset is None else dataset
+    dataset_id = service.register_dataset(cluster.target, dataset).numpy().decode()
     made = []
     with DispatcherClient(cluster.address, 10) as client:
         for _ in range(count):
@@ -208,9 +211,9 @@ def test_a_client_holds_one_stream_per_task_under_its_own_id_only(cluster):
 
 def test_an_idle_stream_is_closed(cluster, monkeypatch):
     """An authenticated stream on which the client sends nothing more (no credits, no
-    acknowledgements) is closed after IDLE_STREAM_TIMEOUT_S, freeing its slot; a reader that
+    acknowledgements) is closed after streaming.IDLE_STREAM_TIMEOUT_S, freeing its slot; a reader that
     is still there reconnects and the worker sends again what it had not acknowledged."""
-    monkeypatch.setattr(tcp_server, "IDLE_STREAM_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(streaming, "IDLE_STREAM_TIMEOUT_S", 1.0)
     ((task_id, client_id, read_key),) = _iterations(cluster, 1)
     address = tcp.transfer_address(cluster.workers[0].transfer_address)
     with tcp.connect(address, 10) as sock:
@@ -231,6 +234,68 @@ def test_an_idle_stream_is_closed(cluster, monkeypatch):
         assert time.monotonic() - started < 8, "the idle stream was kept open"
 
 
+def test_a_grpc_stream_whose_client_stops_reading_is_cancelled(cluster, monkeypatch):
+    """The gRPC transfer's idle limit: a client that takes one message of 2 MiB elements and
+    then stops reading and acknowledging (the worker's stream waits for acknowledgements on one
+    of the server's threads) has its stream ended after streaming.IDLE_STREAM_TIMEOUT_S: what
+    gRPC had buffered for it it still reads, then the end of the call, without an end of
+    sequence (a reader still there reconnects, as over TCP)."""
+    monkeypatch.setattr(streaming, "IDLE_STREAM_TIMEOUT_S", 1.0)
+    large = tf.data.Dataset.range(10**6).map(lambda x: tf.fill([2**18], x))
+    ((task_id, client_id, read_key),) = _iterations(cluster, 1, large)
+    # Responses are frames (transfer/wire.py), taken here as bytes.
+    stream_elements = channels.make_channel(cluster.workers[0].address).stream_stream(
+        "/dataservice.v1.WorkerService/StreamElements",
+        request_serializer=worker_pb2.StreamElementsRequest.SerializeToString,
+    )
+    request = worker_pb2.StreamElementsRequest(
+        task_id=task_id, iteration_client_id=client_id, read_key=read_key, credits=1_000
+    )
+    done = threading.Event()
+
+    def requests():  # the first request, and the request stream kept open (as a reader does)
+        yield request
+        done.wait(60)
+
+    stream = stream_elements(requests(), timeout=30)
+    try:
+        assert next(stream)
+        time.sleep(8)  # the watch looks every few seconds
+        responses = list(stream)  # DEADLINE_EXCEEDED (30 s) if the stream is kept open
+        assert 0 < len(responses) < 1_000
+    finally:
+        done.set()
+        stream.cancel()
+
+
+def test_a_reader_paused_past_the_idle_limit_reads_on_over_grpc(cluster, monkeypatch):
+    """A trainer that stops reading for longer than the idle limit (an evaluation, a
+    checkpoint) has its gRPC stream ended under it, reconnects when it reads again, and gets
+    every element once."""
+    monkeypatch.setattr(streaming, "IDLE_STREAM_TIMEOUT_S", 1.0)
+    worker = cluster.workers[0]
+    idle_streams = worker._servicer.idle_streams  # what the worker saw
+    ended_before = idle_streams.ended
+    # The client reads over gRPC as from a worker in another process, not through memory.
+    serve = local.find(worker.address)
+    local.unregister(worker.address)
+    try:
+        # A client that buffers 4 elements: its stream is open, without credits, in the pause.
+        dataset = tf.data.Dataset.range(1_000).apply(
+            service.distribute(
+                "distributed_epoch", cluster.target, data_transfer_protocol="grpc", max_outstanding_requests=4
+            )
+        )
+        iterator = iter(dataset)
+        read = [int(next(iterator)) for _ in range(10)]
+        time.sleep(8)
+        assert idle_streams.ended > ended_before, "no stream was found idle"
+        read.extend(int(x) for x in iterator)
+        assert sorted(read) == list(range(1_000))
+    finally:
+        local.register(worker.address, serve)
+
+
 def test_connections_without_a_request_take_no_stream_slot_and_are_closed(cluster, monkeypatch):
     """The attack: connect and send nothing, as many times as there are stream slots. Such
     connections take a slot only once authenticated, and are closed after FIRST_REQUEST_TIMEOUT_S."""
@@ -249,4 +314,73 @@ def test_connections_without_a_request_take_no_stream_slot_and_are_closed(cluste
             assert sock.recv(1) == b"", "an idle connection was kept open"
     finally:
         for sock in idle:
+            sock.close()
+
+
+def _connect_from(source_host: str, address: str) -> socket.socket:
+    """A connection to the worker's data port on IPv4 loopback from `source_host` (another
+    loopback address is another peer)."""
+    port = int(address.rpartition(":")[2])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.bind((source_host, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def test_one_peer_takes_at_most_its_share_of_pending_connections_and_streams(cluster, monkeypatch):
+    """The attack from one host: connections that never authenticate, then streams held open
+    with no credits. Past its share (MAX_PENDING_PER_PEER, MAX_STREAMS_PER_PEER) that host is
+    told to retry later, while another host (another loopback address) is served."""
+    monkeypatch.setattr(tcp_server, "MAX_PENDING_PER_PEER", 3)
+    monkeypatch.setattr(tcp_server, "MAX_STREAMS_PER_PEER", 2)
+    address = tcp.transfer_address(cluster.workers[0].transfer_address)
+    attacker, other = "127.0.0.2", "127.0.0.1"
+
+    def first_answer(source: str, request: worker_pb2.StreamElementsRequest) -> worker_pb2.StreamElementsResponse:
+        with _connect_from(source, address) as sock:
+            tcp.send_request(sock, request)
+            response, _ = tcp.recv_response(sock)
+        return response
+
+    unknown_task = worker_pb2.StreamElementsRequest(task_id=424242, credits=1)
+    silent = [_connect_from(attacker, address) for _ in range(3)]
+    try:
+        refused = first_answer(attacker, unknown_task)
+        assert errors.status_code(refused.error_code) == grpc.StatusCode.UNAVAILABLE
+        assert "from 127.0.0.2 waiting for their first request" in refused.error_message
+        assert "no task 424242" in first_answer(other, unknown_task).error_message
+    finally:
+        for sock in silent:
+            sock.close()
+
+    iterations = _iterations(cluster, 4)
+    held = []
+    try:
+        for task_id, client_id, read_key in iterations[:2]:
+            sock = _connect_from(attacker, address)
+            held.append(sock)
+            tcp.send_request(
+                sock,
+                worker_pb2.StreamElementsRequest(task_id=task_id, iteration_client_id=client_id, read_key=read_key),
+            )
+        task_id, client_id, read_key = iterations[2]
+        third = worker_pb2.StreamElementsRequest(
+            task_id=task_id, iteration_client_id=client_id, read_key=read_key, credits=1
+        )
+        deadline = time.monotonic() + 10
+        while (refused := first_answer(attacker, third)).chunks and time.monotonic() < deadline:
+            time.sleep(0.05)  # the held streams' connections are still being accepted
+        assert errors.status_code(refused.error_code) == grpc.StatusCode.UNAVAILABLE, refused
+        assert "to 127.0.0.2 already, the most one host may have" in refused.error_message
+        task_id, client_id, read_key = iterations[3]
+        served = first_answer(
+            other,
+            worker_pb2.StreamElementsRequest(
+                task_id=task_id, iteration_client_id=client_id, read_key=read_key, credits=1
+            ),
+        )
+        assert served.chunks and not served.error_message
+    finally:
+        for sock in held:
             sock.close()

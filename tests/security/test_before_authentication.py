@@ -1,5 +1,6 @@
 """What a caller without the token can do to a TLS + token cluster of `data-server` processes:
-open health Watch streams, take the worker's TCP data-port connections and never send a request,
+open health Watch streams, take the worker's TCP data-port connections from one host and never
+send a request,
 and send a 100 MiB request. None of it keeps a trainer with the token from reading every element,
 and the large request is refused before it is read (the dispatcher's memory is measured)."""
 
@@ -15,9 +16,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import dataservice
 from dataservice.monitoring import health
-from dataservice.rpc import tls
+from dataservice.rpc import errors, tls
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import tcp
+from dataservice.v1 import worker_pb2
 from dataservice.worker import tcp_server
 
 # What the refusal of an unauthenticated request may add to the server's memory: only gRPC's
@@ -73,14 +75,27 @@ def _watch_answers(stub) -> bool:
 
 
 def test_silent_connections_to_the_data_port_lock_no_trainer_out(secure_cluster):
-    with DispatcherClient(
-        secure_cluster.dispatcher.address, 10, tls=tls.TlsFiles(ca_file=secure_cluster.certs.ca_file)
-    ) as client:
+    """One host (another loopback address) opens more connections than the worker lets wait
+    for their first request, and never sends a byte: it holds only its share of them
+    (MAX_PENDING_PER_PEER), so a connection from this host is still taken to authentication
+    (answered UNAUTHENTICATED without a token, rather than told to retry), and a trainer reads."""
+    tls_files = tls.TlsFiles(ca_file=secure_cluster.certs.ca_file)
+    with DispatcherClient(secure_cluster.dispatcher.address, 10, tls=tls_files) as client:
         (worker,) = client.get_workers()
-    host, _, port = tcp.transfer_address(worker.transfer_address).rpartition(":")
-    # More connections than the worker has stream slots, none of them sending a byte.
-    silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(tcp_server.MAX_STREAMS + 16)]
+    address = tcp.transfer_address(worker.transfer_address)
+    port = int(address.rpartition(":")[2])
+    silent = []
     try:
+        for _ in range(tcp_server.MAX_PENDING + 16):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            silent.append(sock)
+            sock.bind(("127.0.0.2", 0))
+            sock.connect(("127.0.0.1", port))
+        with tcp.connect(address, 10, tls=tls_files) as sock:
+            sock.settimeout(10)
+            tcp.send_request(sock, worker_pb2.StreamElementsRequest(task_id=1, credits=1))
+            response, _ = tcp.recv_response(sock)
+        assert errors.status_code(response.error_code) == grpc.StatusCode.UNAUTHENTICATED, response.error_message
         _trainer_reads(secure_cluster, protocol="tcp")
     finally:
         for sock in silent:

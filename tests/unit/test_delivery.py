@@ -178,12 +178,3 @@ def test_the_end_waits_for_the_acknowledgement_and_a_reconnect_after_it_gets_the
 
 def _chunk(codec: ElementCodec, start: int, stop: int):
     return codec.batch_chunk([tf.range(start, stop, dtype=tf.int64)])
-
-
-def test_the_stream_limiter_counts_each_clients_streams():
-    limiter = streaming.StreamLimiter(limit=2)
-    assert limiter.acquire(1) and limiter.acquire(1)
-    assert not limiter.acquire(1), "a third stream of client 1"
-    assert limiter.acquire(2), "another client is not affected"
-    limiter.release(1)
-    assert limiter.acquire(1)
