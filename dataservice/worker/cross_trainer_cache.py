@@ -7,10 +7,14 @@ needs more, so trainers that keep up with each other read what was produced for 
 of them instead of making the worker produce more. The window holds up to
 cross_trainer_cache_size_bytes of elements that some trainer has read; older ones are
 dropped, and a trainer that falls behind the window skips to its oldest element. A trainer
-that joins starts at the oldest element in the window.
+that joins starts at the oldest element in the window. A trainer that has taken nothing for
+TRAINER_IDLE_S is forgotten (trainer ids are the clients' to choose, and a long-lived task
+sees many trainers come and go); if it comes back, it starts as one that joins.
 """
 
 from __future__ import annotations
+
+import time
 
 from dataservice import status
 from dataservice.config import DEFAULT_CROSS_TRAINER_CACHE_BYTES
@@ -22,6 +26,9 @@ READ_AHEAD_ELEMENTS = 1024
 # The largest chunk such a task's pipeline produces at once (chunk_iterator.py): its producer waits
 # for room only after making a chunk, so a chunk is what it may make beyond READ_AHEAD_ELEMENTS.
 CACHE_CHUNK_ELEMENTS = 16
+# How long a trainer's position is kept after its last read, and how often idle ones are looked for.
+TRAINER_IDLE_S = 600.0
+_PRUNE_EVERY_S = 10.0
 
 
 class CachingTaskRunner(TaskRunner):
@@ -30,6 +37,9 @@ class CachingTaskRunner(TaskRunner):
         self._cache_bytes = cache_bytes
         self._first = 0  # the index of the oldest element in the window (_buffer[0])
         self._positions: dict[str, int] = {}
+        # trainer -> when it last asked for elements (time.monotonic)
+        self._last_asked: dict[str, float] = {}
+        self._pruned_at = time.monotonic()
         # Elements handed to trainers, all trainers together (for the production ratio).
         self.elements_consumed = 0
         super().__init__(*args, **kwargs)
@@ -60,6 +70,23 @@ class CachingTaskRunner(TaskRunner):
             self._buffered_elements -= 1
             self._first += 1
 
+    def _forget_idle_trainers(self) -> None:
+        """Drops the positions of trainers that have asked for nothing for TRAINER_IDLE_S (at
+        most every _PRUNE_EVERY_S). Call with self._cond held."""
+        now = time.monotonic()
+        if now - self._pruned_at < min(_PRUNE_EVERY_S, TRAINER_IDLE_S):
+            return
+        self._pruned_at = now
+        for trainer_id in [t for t, asked in self._last_asked.items() if now - asked > TRAINER_IDLE_S]:
+            del self._last_asked[trainer_id]
+            del self._positions[trainer_id]
+
+    @property
+    def trainers(self) -> int:
+        """Trainers whose positions the task keeps."""
+        with self._cond:
+            return len(self._positions)
+
     def _exhausted_error(self) -> BaseException | None:
         return status.invalid_argument(
             "Cross-trainer caching requires the input dataset to be infinite. However, it reached the end of sequence."
@@ -71,7 +98,9 @@ class CachingTaskRunner(TaskRunner):
         """Up to `max_elements` elements (chunks of one) from `trainer_id`'s position on; never done (the
         dataset is infinite). Raises the pipeline's error once the trainer reaches it."""
         with self._cond:
+            self._forget_idle_trainers()
             self._positions.setdefault(trainer_id, self._first)
+            self._last_asked[trainer_id] = time.monotonic()
             # A new position can let the producer go on.
             self._cond.notify_all()
 

@@ -19,6 +19,11 @@ from dataservice.worker.task_runner import TaskRunner
 
 # Cut rounds kept for consumers that ask again.
 KEEP_ROUNDS = 8
+# How far past this task's newest cut round (or its first) a consumer may ask. Consumers take the
+# job's tasks in turn, so the next round a task serves is one task count past its last: rounds
+# further ahead than this no consumer can have reached, and would only grow the table of rounds
+# asked for.
+MAX_ROUNDS_AHEAD = 1 << 16
 
 
 class RoundRobinServer:
@@ -42,6 +47,12 @@ class RoundRobinServer:
             )
         if round_index < self.starting_round:
             raise ValueError(f"round {round_index} comes before round {self.starting_round}, this task's first")
+        newest = self._order[-1] if self._order else self.starting_round
+        if round_index > newest + MAX_ROUNDS_AHEAD:
+            raise ValueError(
+                f"round {round_index} is more than {MAX_ROUNDS_AHEAD} rounds past round {newest}, this task's "
+                "newest: no consumer can have reached it"
+            )
         deadline = time.monotonic() + wait_s
         with self._cond:
             if round_index not in self._rounds:
@@ -86,7 +97,10 @@ class RoundRobinServer:
                 self._cond.acquire()
             self._rounds[round_index] = elements if len(elements) == self._num_consumers else None
             self._order.append(round_index)
-            self._requested.pop(round_index, None)
+            # Rounds up to this one that were asked for but not cut (their consumers moved on past
+            # them, or never were consumers) are not asked for any more.
+            for stale in [r for r in self._requested if r <= round_index]:
+                del self._requested[stale]
             while len(self._order) > KEEP_ROUNDS:
                 del self._rounds[self._order.popleft()]
         finally:
