@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker_timeout_ms", type=int, help="dispatcher: when a silent worker counts as gone")
     parser.add_argument("--job_gc_check_interval_ms", type=int, help="dispatcher: how often to collect jobs")
     parser.add_argument("--job_gc_timeout_ms", type=int, help="dispatcher: how long an unread job is kept")
+    parser.add_argument(
+        "--iteration_retention_ms", type=int, help="dispatcher: how long a finished iteration is kept (-1: for good)"
+    )
     parser.add_argument("--client_timeout_ms", type=int, help="dispatcher: when a silent client is released")
     parser.add_argument("--dispatcher_address", help="worker: host:port of the dispatcher")
     parser.add_argument("--worker_address", help="worker: address clients reach it at (%%port%% = bound port)")
@@ -102,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls_key_file", help="grpc+tls: the server's PEM key")
     parser.add_argument("--tls_ca_file", help="grpc+tls: require client certificates signed by this CA (mutual TLS)")
     parser.add_argument("--max_graph_bytes", type=int, help="dispatcher: the largest dataset graph it registers")
+    parser.add_argument(
+        "--graph_memory_bytes", type=int, help="dispatcher: memory for dataset graphs (a cache with a work_dir)"
+    )
     parser.add_argument(
         "--worker_max_concurrent_snapshots",
         type=int,

@@ -14,11 +14,15 @@ from dataservice.rpc.addresses import strip_protocol
 
 DEFAULT_JOB_GC_CHECK_INTERVAL_MS = 60_000
 DEFAULT_JOB_GC_TIMEOUT_MS = 300_000
+# Long enough for a trainer to resume from a checkpoint taken before its iteration ended.
+DEFAULT_ITERATION_RETENTION_MS = 24 * 3600 * 1000
 DEFAULT_WORKER_TIMEOUT_MS = 10_000
 DEFAULT_CLIENT_TIMEOUT_MS = 60_000
 DEFAULT_HEARTBEAT_INTERVAL_MS = 1_000
 DEFAULT_DISPATCHER_TIMEOUT_MS = 600_000
 DEFAULT_MAX_GRAPH_BYTES = 1024 * 1024 * 1024
+# What registered dataset graphs may hold of the dispatcher's memory (dispatcher/dataset_store.py).
+DEFAULT_GRAPH_MEMORY_BYTES = 2 * 1024**3
 # As TensorFlow's: the window of one task's elements that trainers share.
 DEFAULT_CROSS_TRAINER_CACHE_BYTES = 10 * 1024**3
 
@@ -107,7 +111,7 @@ DATA_TRANSFER_PROTOCOLS = ("grpc", "tcp", "local", "unix")
 
 
 # A timeout of -1 means "never" where allowed: job_gc_timeout_ms (as TensorFlow's), never ending
-# named iterations without clients.
+# named iterations without clients, and iteration_retention_ms, never dropping iterations.
 NEVER = -1
 
 
@@ -148,6 +152,10 @@ class DispatcherConfig:
     job_gc_check_interval_ms / job_gc_timeout_ms: how often to look for, and
       how long to keep, iterations that no client reads; job_gc_timeout_ms=-1
       keeps them for good (as in TensorFlow).
+    iteration_retention_ms: how long a finished iteration without clients is kept (a
+      checkpoint taken while reading it can be resumed until then) before it is dropped,
+      with its tasks, split ranges and, if it was its job's last, its job; -1 keeps
+      every iteration for good.
     worker_timeout_ms: a worker silent for this long is considered gone.
     client_timeout_ms: a client silent for this long is released.
     For every time in milliseconds, None means the default and 0 the shortest (1 ms), as in
@@ -167,6 +175,9 @@ class DispatcherConfig:
       use auth_token_file's token, shared with clients.
     max_graph_bytes: the largest dataset graph the dispatcher registers (a pipeline
       that embeds its data, from_tensor_slices of an array, is that large).
+    graph_memory_bytes: what registered graphs may hold of the dispatcher's memory: with a
+      work_dir, graphs live there and this is the size of the cache of them in memory;
+      without one, registering a graph past it is RESOURCE_EXHAUSTED.
     worker_max_concurrent_snapshots: how many distributed_save snapshots one worker
       writes chunks of at once (one chunk of each); 0 (the default): all of them.
     snapshot_roots: directories distributed_save may write under (a save elsewhere is
@@ -180,6 +191,7 @@ class DispatcherConfig:
     worker_addresses: Sequence[str] | None = None
     job_gc_check_interval_ms: int | None = None
     job_gc_timeout_ms: int | None = None
+    iteration_retention_ms: int | None = None
     worker_timeout_ms: int | None = None
     client_timeout_ms: int | None = None
     monitoring_port: int | None = None
@@ -192,6 +204,7 @@ class DispatcherConfig:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
+    graph_memory_bytes: int = DEFAULT_GRAPH_MEMORY_BYTES
     worker_max_concurrent_snapshots: int = 0
     snapshot_roots: Sequence[str] | None = None
 
@@ -201,6 +214,8 @@ class DispatcherConfig:
         _check_tls(self)
         if not isinstance(self.max_graph_bytes, int) or not 0 < self.max_graph_bytes < 2**31 - 2**20:
             raise ValueError(f"max_graph_bytes must be in (0, 2 GiB - 1 MiB), got {self.max_graph_bytes!r}")
+        if not isinstance(self.graph_memory_bytes, int) or self.graph_memory_bytes <= 0:
+            raise ValueError(f"graph_memory_bytes must be a positive integer, got {self.graph_memory_bytes!r}")
         _check_monitoring_port(self.monitoring_port)
         _check_monitoring_security(self)
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
@@ -225,10 +240,11 @@ class DispatcherConfig:
         for name, default in (
             ("job_gc_check_interval_ms", DEFAULT_JOB_GC_CHECK_INTERVAL_MS),
             ("job_gc_timeout_ms", DEFAULT_JOB_GC_TIMEOUT_MS),
+            ("iteration_retention_ms", DEFAULT_ITERATION_RETENTION_MS),
             ("worker_timeout_ms", DEFAULT_WORKER_TIMEOUT_MS),
             ("client_timeout_ms", DEFAULT_CLIENT_TIMEOUT_MS),
         ):
-            never = name == "job_gc_timeout_ms"
+            never = name in ("job_gc_timeout_ms", "iteration_retention_ms")
             object.__setattr__(self, name, _milliseconds(name, getattr(self, name), default, never))
 
 

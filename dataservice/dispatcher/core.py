@@ -115,7 +115,7 @@ class DispatcherCore:
         self._snapshot_every = snapshot_every
         self._since_snapshot = 0
         self._state = state or DispatcherState()
-        self._datasets = datasets or DatasetStore(config.work_dir)
+        self._datasets = datasets or DatasetStore(config.work_dir, config.graph_memory_bytes)
         self._notifier: WorkerNotifier = notifier or NoNotifier()
         self._clock = clock
         self._lock = threading.RLock()
@@ -124,6 +124,9 @@ class DispatcherCore:
         self._worker_seen: dict[WorkerAddress, float] = {w: now for w in self._state.alive_workers()}
         # Named iterations without clients, since when: ended after job_gc_timeout_ms.
         self._idle_since: dict[IterationId, float] = {}
+        # Finished iterations without clients, since when (as first seen so; after a restart,
+        # from the restart): dropped after iteration_retention_ms.
+        self._retired_since: dict[IterationId, float] = {}
         # Coordinated reads: iteration -> (time, round, rounds/s) of the clients' reports.
         self._round_reports: dict[IterationId, tuple[float, int, float]] = {}
         # Clients' and workers' rates, for metrics and the worker recommendation.
@@ -422,6 +425,8 @@ class DispatcherCore:
         new_tasks: list[common_pb2.TaskDef] = []
         with self._lock:
             job = self._state.job(request.job_id)
+            if job is None and self._state.was_dropped("job", request.job_id):
+                raise status.not_found(f"job {request.job_id} {self._dropped_reason()}: create the job again")
             if job is None:
                 raise status.not_found(
                     f"job {request.job_id} is not known to {self._where()} "
@@ -472,6 +477,7 @@ class DispatcherCore:
         )
         self._client_seen[client_id] = self._clock()
         self._idle_since.pop(iteration_id, None)
+        self._retired_since.pop(iteration_id, None)
         return client_id
 
     def resume_iteration(self, request: dispatcher_pb2.ResumeIterationRequest):
@@ -491,6 +497,14 @@ class DispatcherCore:
         with self._lock:
             saved_tasks = [self._state.task(t) for t in consumed]
             unknown = [t for t, task in zip(consumed, saved_tasks) if task is None]
+            dropped = [t for t in unknown if self._state.was_dropped("task", t)]
+            if dropped:
+                raise status.not_found(
+                    f"the checkpoint was saved while reading task {dropped[0]}, whose iteration "
+                    f"{self._dropped_reason()}: the saved input position is gone. Restore the checkpoint without "
+                    "the iterator to start the input anew, or raise iteration_retention_ms to resume older "
+                    "checkpoints"
+                )
             if unknown:
                 raise status.not_found(
                     f"the checkpoint was saved while reading task {unknown[0]}, which {self._where()} does not "
@@ -755,7 +769,8 @@ class DispatcherCore:
     def collect_garbage(self) -> None:
         """Removes workers silent for worker_timeout_ms (their unfinished tasks are lost and their
         unstarted split ranges return to the pool), releases clients silent for
-        client_timeout_ms, and ends named iterations nobody has read for job_gc_timeout_ms."""
+        client_timeout_ms, ends named iterations nobody has read for job_gc_timeout_ms, and
+        drops iterations finished without clients for iteration_retention_ms."""
         with self._lock:
             now = self._clock()
             for address, seen in list(self._worker_seen.items()):
@@ -788,6 +803,44 @@ class DispatcherCore:
                     )
                     self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration_id))
                     del self._idle_since[iteration_id]
+            self._drop_retired_iterations(now)
+
+    def _drop_retired_iterations(self, now: float) -> None:
+        """Drops the iterations finished without clients for iteration_retention_ms, and with
+        the last iteration of a job the job (its name is free again, its rates forgotten).
+        Call with self._lock held."""
+        retention_ms = self._config.iteration_retention_ms
+        if retention_ms == NEVER:
+            return
+        retired = {iteration.iteration_id for iteration in self._state.retired_iterations()}
+        for iteration_id in list(self._retired_since):
+            if iteration_id not in retired:  # a reader joined it again (a named job's repetition)
+                del self._retired_since[iteration_id]
+        for iteration_id in sorted(retired):
+            since = self._retired_since.setdefault(iteration_id, now)
+            if now - since <= retention_ms / 1000:
+                continue
+            job_id = self._state.iteration(iteration_id).job_id
+            self._commit(drop_iteration=journal_pb2.DropIterationUpdate(iteration_id=iteration_id))
+            del self._retired_since[iteration_id]
+            self._round_reports.pop(iteration_id, None)
+            self._idle_since.pop(iteration_id, None)
+            job_dropped = self._state.job(job_id) is None
+            if job_dropped:
+                self._load.forget_job(job_id)
+            log.info(
+                "iteration dropped after %.0f s finished without clients%s",
+                now - since,
+                " (and its job)" if job_dropped else "",
+                extra=ids(job_id=job_id, iteration_id=iteration_id),
+            )
+
+    def _dropped_reason(self) -> str:
+        """Why an id in use once is not known any more, for NOT_FOUND messages."""
+        return (
+            "ended and was dropped after iteration_retention_ms "
+            f"({self._config.iteration_retention_ms} ms) without clients"
+        )
 
     # ---- workers -----------------------------------------------------------------
 
@@ -873,6 +926,8 @@ class DispatcherCore:
                 raise status.not_found(f"worker {request.worker_address!r} is not registered with {self._where()}")
             for task_id in request.finished_tasks:
                 task = self._state.task(task_id)
+                if task is None and self._state.was_dropped("task", task_id):
+                    continue  # finished long ago: retention dropped it
                 if task is None:
                     raise status.not_found(f"task {task_id} is not known to {self._where()}")
                 if task.worker_address != request.worker_address:

@@ -113,7 +113,7 @@ class DispatchServer:
             self._address,
             journal=self._journal,
             state=state,
-            datasets=DatasetStore(self._config.work_dir),
+            datasets=DatasetStore(self._config.work_dir, self._config.graph_memory_bytes),
             notifier=self._notifier,
         )
         self._servicer.attach(self._core)

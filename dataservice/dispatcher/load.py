@@ -193,10 +193,12 @@ class LoadTracker:
                 del tasks[key]
 
     def forget_job(self, job_id: int) -> None:
-        """The job's rates (its totals stay: they are counters)."""
+        """Everything about a job that is gone (dropped by retention): its rates and totals, and
+        with them its metric series."""
         for client_id in list(self._clients.pop(job_id, {})):
             self._client_job.pop(client_id, None)
         self._tasks.pop(job_id, None)
+        self._totals.pop(job_id, None)
 
     def seconds_per_element(self, job_id: int) -> float | None:
         """The job's pipeline time per element over what its tasks reported (None before any

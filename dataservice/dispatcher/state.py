@@ -247,6 +247,21 @@ class DispatcherState:
     def _apply_finish_iteration(self, u: journal_pb2.FinishIterationUpdate) -> None:
         self._iterations[u.iteration_id].finished = True
 
+    def _apply_drop_iteration(self, u: journal_pb2.DropIterationUpdate) -> None:
+        iteration = self._iterations[u.iteration_id]
+        if not iteration.finished or iteration.client_ids:
+            raise ValueError(f"iteration {u.iteration_id} is not finished or has clients: it cannot be dropped")
+        for task_id in iteration.task_ids:
+            task = self._tasks.pop(task_id)
+            self._tasks_by_worker[task.worker_address].remove(task_id)
+        del self._iterations[u.iteration_id]
+        job = self._jobs[iteration.job_id]
+        del job.iterations[iteration.repetition]
+        if not job.iterations:
+            del self._jobs[job.job_id]
+            if job.job_name:
+                self._job_by_name.pop((job.dataset_id, job.job_name), None)
+
     def _apply_produce_splits(self, u: journal_pb2.ProduceSplitsUpdate) -> None:
         iteration = self._iterations[u.iteration_id]
         if u.from_pool:
@@ -577,6 +592,16 @@ class DispatcherState:
         job_id = self._job_by_name.get((dataset_id, job_name))
         return None if job_id is None else self._jobs[job_id]
 
+    def was_dropped(self, kind: str, object_id: int) -> bool:
+        """Whether an id of `kind` ("job", "iteration", "task") that the state does not hold was
+        in use once (ids are handed out in order and never reused), so retention dropped it."""
+        held = {"job": self._jobs, "iteration": self._iterations, "task": self._tasks}[kind]
+        return 0 < object_id < self._next_ids[kind] and object_id not in held
+
+    def retired_iterations(self) -> Iterator[Iteration]:
+        """Finished iterations without clients: what retention drops once they are old enough."""
+        return (i for i in self._iterations.values() if i.finished and not i.client_ids)
+
     def iteration(self, iteration_id: int) -> Iteration | None:
         return self._iterations.get(IterationId(iteration_id))
 
@@ -829,6 +854,7 @@ _APPLY: dict[str, Callable[[DispatcherState, Any], None]] = {
     "start_snapshot": DispatcherState._apply_start_snapshot,
     "commit_snapshot_chunk": DispatcherState._apply_commit_snapshot_chunk,
     "finish_snapshot": DispatcherState._apply_finish_snapshot,
+    "drop_iteration": DispatcherState._apply_drop_iteration,
 }
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dataservice.v1 import common_pb2 as dataservice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x61taservice/v1/journal.proto\x12\x0e\x64\x61taservice.v1\x1a\x1b\x64\x61taservice/v1/common.proto\"\x9d\t\n\x06Update\x12\x41\n\x10register_dataset\x18\x01 \x01(\x0b\x32%.dataservice.v1.RegisterDatasetUpdateH\x00\x12?\n\x0fregister_worker\x18\x02 \x01(\x0b\x32$.dataservice.v1.RegisterWorkerUpdateH\x00\x12\x35\n\ncreate_job\x18\x03 \x01(\x0b\x32\x1f.dataservice.v1.CreateJobUpdateH\x00\x12\x41\n\x10\x63reate_iteration\x18\x04 \x01(\x0b\x32%.dataservice.v1.CreateIterationUpdateH\x00\x12\x37\n\x0b\x63reate_task\x18\x05 \x01(\x0b\x32 .dataservice.v1.CreateTaskUpdateH\x00\x12\x37\n\x0b\x66inish_task\x18\x06 \x01(\x0b\x32 .dataservice.v1.FinishTaskUpdateH\x00\x12P\n\x18\x61\x63quire_iteration_client\x18\x07 \x01(\x0b\x32,.dataservice.v1.AcquireIterationClientUpdateH\x00\x12P\n\x18release_iteration_client\x18\x08 \x01(\x0b\x32,.dataservice.v1.ReleaseIterationClientUpdateH\x00\x12\x41\n\x10\x66inish_iteration\x18\t \x01(\x0b\x32%.dataservice.v1.FinishIterationUpdateH\x00\x12=\n\x0eproduce_splits\x18\n \x01(\x0b\x32#.dataservice.v1.ProduceSplitsUpdateH\x00\x12\x37\n\x0breserve_ids\x18\x0b \x01(\x0b\x32 .dataservice.v1.ReserveIdsUpdateH\x00\x12\x39\n\x0cstart_splits\x18\x0c \x01(\x0b\x32!.dataservice.v1.StartSplitsUpdateH\x00\x12;\n\rreturn_splits\x18\r \x01(\x0b\x32\".dataservice.v1.ReturnSplitsUpdateH\x00\x12;\n\rremove_worker\x18\x0e \x01(\x0b\x32\".dataservice.v1.RemoveWorkerUpdateH\x00\x12;\n\rextend_rounds\x18\x0f \x01(\x0b\x32\".dataservice.v1.ExtendRoundsUpdateH\x00\x12=\n\x0estart_snapshot\x18\x10 \x01(\x0b\x32#.dataservice.v1.StartSnapshotUpdateH\x00\x12J\n\x15\x63ommit_snapshot_chunk\x18\x11 \x01(\x0b\x32).dataservice.v1.CommitSnapshotChunkUpdateH\x00\x12?\n\x0f\x66inish_snapshot\x18\x12 \x01(\x0b\x32$.dataservice.v1.FinishSnapshotUpdateH\x00\x42\x06\n\x04kind\"s\n\x15RegisterDatasetUpdate\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x31\n\x08metadata\x18\x03 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\"q\n\x14RegisterWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x18\n\x10transfer_address\x18\x02 \x01(\t\x12\x12\n\nworker_uid\x18\x03 \x01(\x04\x12\x13\n\x0bworker_tags\x18\x04 \x03(\t\"\x8d\x02\n\x0f\x43reateJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12:\n\x0fprocessing_mode\x18\x03 \x01(\x0b\x32!.dataservice.v1.ProcessingModeDef\x12\x10\n\x08job_name\x18\x04 \x01(\t\x12\x15\n\rnum_consumers\x18\x05 \x01(\x03\x12\x35\n\x0etarget_workers\x18\x06 \x01(\x0e\x32\x1d.dataservice.v1.TargetWorkers\x12\x19\n\x11split_group_sizes\x18\x07 \x03(\x03\x12\x1f\n\x17use_cross_trainer_cache\x18\x08 \x01(\x08\"\x81\x01\n\x15\x43reateIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\x1c\n\x14resumes_iteration_id\x18\x04 \x01(\x03\x12\x10\n\x08read_key\x18\x05 \x01(\t\"Q\n\nSplitRange\x12\x13\n\x0bsplit_group\x18\x01 \x01(\x03\x12\x12\n\nrepetition\x18\x02 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\"\xac\x01\n\x10\x43reateTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x16\n\x0estarting_round\x18\x04 \x01(\x03\x12\x15\n\rskip_elements\x18\x05 \x01(\x03\x12*\n\x06replay\x18\x06 \x03(\x0b\x32\x1a.dataservice.v1.SplitRange\"#\n\x10\x46inishTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\"Q\n\x1c\x41\x63quireIterationClientUpdate\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\";\n\x1cReleaseIterationClientUpdate\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\"-\n\x15\x46inishIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\"\xb5\x01\n\x13ProduceSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\x0f\n\x07task_id\x18\x06 \x01(\x03\x12\r\n\x05index\x18\x07 \x01(\x03\x12\x11\n\tfrom_pool\x18\x08 \x01(\x08\x12\x10\n\x08replayed\x18\t \x01(\x08\"r\n\x11StartSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x03 \x01(\x03\x12\x12\n\nrepetition\x18\x04 \x01(\x03\x12\r\n\x05index\x18\x05 \x01(\x03\"o\n\x12ReturnSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\"@\n\x12RemoveWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x12\n\nlost_tasks\x18\x02 \x03(\x03\"\x89\x01\n\x10ReserveIdsUpdate\x12\x17\n\x0fnext_dataset_id\x18\x01 \x01(\x03\x12\x13\n\x0bnext_job_id\x18\x02 \x01(\x03\x12\x19\n\x11next_iteration_id\x18\x03 \x01(\x03\x12\x14\n\x0cnext_task_id\x18\x04 \x01(\x03\x12\x16\n\x0enext_client_id\x18\x05 \x01(\x03\"?\n\x12\x45xtendRoundsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bround_limit\x18\x02 \x01(\x03\"u\n\x13StartSnapshotUpdate\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63ompression\x18\x03 \x01(\t\x12\x13\n\x0bgroup_sizes\x18\x04 \x03(\x03\x12\x12\n\nnum_chunks\x18\x05 \x01(\x03\"m\n\x19\x43ommitSnapshotChunkUpdate\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\x03\x12\x13\n\x0bnum_records\x18\x03 \x01(\x03\x12\x18\n\x10uncommitted_file\x18\x04 \x01(\t\"O\n\x14\x46inishSnapshotUpdate\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nerror_code\x18\x02 \x01(\x05\x12\x15\n\rerror_message\x18\x03 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x61taservice/v1/journal.proto\x12\x0e\x64\x61taservice.v1\x1a\x1b\x64\x61taservice/v1/common.proto\"\xdc\t\n\x06Update\x12\x41\n\x10register_dataset\x18\x01 \x01(\x0b\x32%.dataservice.v1.RegisterDatasetUpdateH\x00\x12?\n\x0fregister_worker\x18\x02 \x01(\x0b\x32$.dataservice.v1.RegisterWorkerUpdateH\x00\x12\x35\n\ncreate_job\x18\x03 \x01(\x0b\x32\x1f.dataservice.v1.CreateJobUpdateH\x00\x12\x41\n\x10\x63reate_iteration\x18\x04 \x01(\x0b\x32%.dataservice.v1.CreateIterationUpdateH\x00\x12\x37\n\x0b\x63reate_task\x18\x05 \x01(\x0b\x32 .dataservice.v1.CreateTaskUpdateH\x00\x12\x37\n\x0b\x66inish_task\x18\x06 \x01(\x0b\x32 .dataservice.v1.FinishTaskUpdateH\x00\x12P\n\x18\x61\x63quire_iteration_client\x18\x07 \x01(\x0b\x32,.dataservice.v1.AcquireIterationClientUpdateH\x00\x12P\n\x18release_iteration_client\x18\x08 \x01(\x0b\x32,.dataservice.v1.ReleaseIterationClientUpdateH\x00\x12\x41\n\x10\x66inish_iteration\x18\t \x01(\x0b\x32%.dataservice.v1.FinishIterationUpdateH\x00\x12=\n\x0eproduce_splits\x18\n \x01(\x0b\x32#.dataservice.v1.ProduceSplitsUpdateH\x00\x12\x37\n\x0breserve_ids\x18\x0b \x01(\x0b\x32 .dataservice.v1.ReserveIdsUpdateH\x00\x12\x39\n\x0cstart_splits\x18\x0c \x01(\x0b\x32!.dataservice.v1.StartSplitsUpdateH\x00\x12;\n\rreturn_splits\x18\r \x01(\x0b\x32\".dataservice.v1.ReturnSplitsUpdateH\x00\x12;\n\rremove_worker\x18\x0e \x01(\x0b\x32\".dataservice.v1.RemoveWorkerUpdateH\x00\x12;\n\rextend_rounds\x18\x0f \x01(\x0b\x32\".dataservice.v1.ExtendRoundsUpdateH\x00\x12=\n\x0estart_snapshot\x18\x10 \x01(\x0b\x32#.dataservice.v1.StartSnapshotUpdateH\x00\x12J\n\x15\x63ommit_snapshot_chunk\x18\x11 \x01(\x0b\x32).dataservice.v1.CommitSnapshotChunkUpdateH\x00\x12?\n\x0f\x66inish_snapshot\x18\x12 \x01(\x0b\x32$.dataservice.v1.FinishSnapshotUpdateH\x00\x12=\n\x0e\x64rop_iteration\x18\x13 \x01(\x0b\x32#.dataservice.v1.DropIterationUpdateH\x00\x42\x06\n\x04kind\"s\n\x15RegisterDatasetUpdate\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x31\n\x08metadata\x18\x03 \x01(\x0b\x32\x1f.dataservice.v1.DatasetMetadata\"q\n\x14RegisterWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x18\n\x10transfer_address\x18\x02 \x01(\t\x12\x12\n\nworker_uid\x18\x03 \x01(\x04\x12\x13\n\x0bworker_tags\x18\x04 \x03(\t\"\x8d\x02\n\x0f\x43reateJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12:\n\x0fprocessing_mode\x18\x03 \x01(\x0b\x32!.dataservice.v1.ProcessingModeDef\x12\x10\n\x08job_name\x18\x04 \x01(\t\x12\x15\n\rnum_consumers\x18\x05 \x01(\x03\x12\x35\n\x0etarget_workers\x18\x06 \x01(\x0e\x32\x1d.dataservice.v1.TargetWorkers\x12\x19\n\x11split_group_sizes\x18\x07 \x03(\x03\x12\x1f\n\x17use_cross_trainer_cache\x18\x08 \x01(\x08\"\x81\x01\n\x15\x43reateIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\x1c\n\x14resumes_iteration_id\x18\x04 \x01(\x03\x12\x10\n\x08read_key\x18\x05 \x01(\t\"Q\n\nSplitRange\x12\x13\n\x0bsplit_group\x18\x01 \x01(\x03\x12\x12\n\nrepetition\x18\x02 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\"\xac\x01\n\x10\x43reateTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x16\n\x0estarting_round\x18\x04 \x01(\x03\x12\x15\n\rskip_elements\x18\x05 \x01(\x03\x12*\n\x06replay\x18\x06 \x03(\x0b\x32\x1a.dataservice.v1.SplitRange\"#\n\x10\x46inishTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\"Q\n\x1c\x41\x63quireIterationClientUpdate\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\";\n\x1cReleaseIterationClientUpdate\x12\x1b\n\x13iteration_client_id\x18\x01 \x01(\x03\"-\n\x15\x46inishIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\"+\n\x13\x44ropIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\"\xb5\x01\n\x13ProduceSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\x0f\n\x07task_id\x18\x06 \x01(\x03\x12\r\n\x05index\x18\x07 \x01(\x03\x12\x11\n\tfrom_pool\x18\x08 \x01(\x08\x12\x10\n\x08replayed\x18\t \x01(\x08\"r\n\x11StartSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x03 \x01(\x03\x12\x12\n\nrepetition\x18\x04 \x01(\x03\x12\r\n\x05index\x18\x05 \x01(\x03\"o\n\x12ReturnSplitsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_group\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\"@\n\x12RemoveWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x12\n\nlost_tasks\x18\x02 \x03(\x03\"\x89\x01\n\x10ReserveIdsUpdate\x12\x17\n\x0fnext_dataset_id\x18\x01 \x01(\x03\x12\x13\n\x0bnext_job_id\x18\x02 \x01(\x03\x12\x19\n\x11next_iteration_id\x18\x03 \x01(\x03\x12\x14\n\x0cnext_task_id\x18\x04 \x01(\x03\x12\x16\n\x0enext_client_id\x18\x05 \x01(\x03\"?\n\x12\x45xtendRoundsUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x13\n\x0bround_limit\x18\x02 \x01(\x03\"u\n\x13StartSnapshotUpdate\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63ompression\x18\x03 \x01(\t\x12\x13\n\x0bgroup_sizes\x18\x04 \x03(\x03\x12\x12\n\nnum_chunks\x18\x05 \x01(\x03\"m\n\x19\x43ommitSnapshotChunkUpdate\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\x03\x12\x13\n\x0bnum_records\x18\x03 \x01(\x03\x12\x18\n\x10uncommitted_file\x18\x04 \x01(\t\"O\n\x14\x46inishSnapshotUpdate\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nerror_code\x18\x02 \x01(\x05\x12\x15\n\rerror_message\x18\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,43 +33,45 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dataservice.v1.journal_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_UPDATE']._serialized_start=78
-  _globals['_UPDATE']._serialized_end=1259
-  _globals['_REGISTERDATASETUPDATE']._serialized_start=1261
-  _globals['_REGISTERDATASETUPDATE']._serialized_end=1376
-  _globals['_REGISTERWORKERUPDATE']._serialized_start=1378
-  _globals['_REGISTERWORKERUPDATE']._serialized_end=1491
-  _globals['_CREATEJOBUPDATE']._serialized_start=1494
-  _globals['_CREATEJOBUPDATE']._serialized_end=1763
-  _globals['_CREATEITERATIONUPDATE']._serialized_start=1766
-  _globals['_CREATEITERATIONUPDATE']._serialized_end=1895
-  _globals['_SPLITRANGE']._serialized_start=1897
-  _globals['_SPLITRANGE']._serialized_end=1978
-  _globals['_CREATETASKUPDATE']._serialized_start=1981
-  _globals['_CREATETASKUPDATE']._serialized_end=2153
-  _globals['_FINISHTASKUPDATE']._serialized_start=2155
-  _globals['_FINISHTASKUPDATE']._serialized_end=2190
-  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_start=2192
-  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_end=2273
-  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_start=2275
-  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_end=2334
-  _globals['_FINISHITERATIONUPDATE']._serialized_start=2336
-  _globals['_FINISHITERATIONUPDATE']._serialized_end=2381
-  _globals['_PRODUCESPLITSUPDATE']._serialized_start=2384
-  _globals['_PRODUCESPLITSUPDATE']._serialized_end=2565
-  _globals['_STARTSPLITSUPDATE']._serialized_start=2567
-  _globals['_STARTSPLITSUPDATE']._serialized_end=2681
-  _globals['_RETURNSPLITSUPDATE']._serialized_start=2683
-  _globals['_RETURNSPLITSUPDATE']._serialized_end=2794
-  _globals['_REMOVEWORKERUPDATE']._serialized_start=2796
-  _globals['_REMOVEWORKERUPDATE']._serialized_end=2860
-  _globals['_RESERVEIDSUPDATE']._serialized_start=2863
-  _globals['_RESERVEIDSUPDATE']._serialized_end=3000
-  _globals['_EXTENDROUNDSUPDATE']._serialized_start=3002
-  _globals['_EXTENDROUNDSUPDATE']._serialized_end=3065
-  _globals['_STARTSNAPSHOTUPDATE']._serialized_start=3067
-  _globals['_STARTSNAPSHOTUPDATE']._serialized_end=3184
-  _globals['_COMMITSNAPSHOTCHUNKUPDATE']._serialized_start=3186
-  _globals['_COMMITSNAPSHOTCHUNKUPDATE']._serialized_end=3295
-  _globals['_FINISHSNAPSHOTUPDATE']._serialized_start=3297
-  _globals['_FINISHSNAPSHOTUPDATE']._serialized_end=3376
+  _globals['_UPDATE']._serialized_end=1322
+  _globals['_REGISTERDATASETUPDATE']._serialized_start=1324
+  _globals['_REGISTERDATASETUPDATE']._serialized_end=1439
+  _globals['_REGISTERWORKERUPDATE']._serialized_start=1441
+  _globals['_REGISTERWORKERUPDATE']._serialized_end=1554
+  _globals['_CREATEJOBUPDATE']._serialized_start=1557
+  _globals['_CREATEJOBUPDATE']._serialized_end=1826
+  _globals['_CREATEITERATIONUPDATE']._serialized_start=1829
+  _globals['_CREATEITERATIONUPDATE']._serialized_end=1958
+  _globals['_SPLITRANGE']._serialized_start=1960
+  _globals['_SPLITRANGE']._serialized_end=2041
+  _globals['_CREATETASKUPDATE']._serialized_start=2044
+  _globals['_CREATETASKUPDATE']._serialized_end=2216
+  _globals['_FINISHTASKUPDATE']._serialized_start=2218
+  _globals['_FINISHTASKUPDATE']._serialized_end=2253
+  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_start=2255
+  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_end=2336
+  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_start=2338
+  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_end=2397
+  _globals['_FINISHITERATIONUPDATE']._serialized_start=2399
+  _globals['_FINISHITERATIONUPDATE']._serialized_end=2444
+  _globals['_DROPITERATIONUPDATE']._serialized_start=2446
+  _globals['_DROPITERATIONUPDATE']._serialized_end=2489
+  _globals['_PRODUCESPLITSUPDATE']._serialized_start=2492
+  _globals['_PRODUCESPLITSUPDATE']._serialized_end=2673
+  _globals['_STARTSPLITSUPDATE']._serialized_start=2675
+  _globals['_STARTSPLITSUPDATE']._serialized_end=2789
+  _globals['_RETURNSPLITSUPDATE']._serialized_start=2791
+  _globals['_RETURNSPLITSUPDATE']._serialized_end=2902
+  _globals['_REMOVEWORKERUPDATE']._serialized_start=2904
+  _globals['_REMOVEWORKERUPDATE']._serialized_end=2968
+  _globals['_RESERVEIDSUPDATE']._serialized_start=2971
+  _globals['_RESERVEIDSUPDATE']._serialized_end=3108
+  _globals['_EXTENDROUNDSUPDATE']._serialized_start=3110
+  _globals['_EXTENDROUNDSUPDATE']._serialized_end=3173
+  _globals['_STARTSNAPSHOTUPDATE']._serialized_start=3175
+  _globals['_STARTSNAPSHOTUPDATE']._serialized_end=3292
+  _globals['_COMMITSNAPSHOTCHUNKUPDATE']._serialized_start=3294
+  _globals['_COMMITSNAPSHOTCHUNKUPDATE']._serialized_end=3403
+  _globals['_FINISHSNAPSHOTUPDATE']._serialized_start=3405
+  _globals['_FINISHSNAPSHOTUPDATE']._serialized_end=3484
 # @@protoc_insertion_point(module_scope)

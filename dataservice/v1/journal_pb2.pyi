@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Update(_message.Message):
-    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids", "start_splits", "return_splits", "remove_worker", "extend_rounds", "start_snapshot", "commit_snapshot_chunk", "finish_snapshot")
+    __slots__ = ("register_dataset", "register_worker", "create_job", "create_iteration", "create_task", "finish_task", "acquire_iteration_client", "release_iteration_client", "finish_iteration", "produce_splits", "reserve_ids", "start_splits", "return_splits", "remove_worker", "extend_rounds", "start_snapshot", "commit_snapshot_chunk", "finish_snapshot", "drop_iteration")
     REGISTER_DATASET_FIELD_NUMBER: _ClassVar[int]
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     CREATE_JOB_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Update(_message.Message):
     START_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     COMMIT_SNAPSHOT_CHUNK_FIELD_NUMBER: _ClassVar[int]
     FINISH_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    DROP_ITERATION_FIELD_NUMBER: _ClassVar[int]
     register_dataset: RegisterDatasetUpdate
     register_worker: RegisterWorkerUpdate
     create_job: CreateJobUpdate
@@ -45,7 +46,8 @@ class Update(_message.Message):
     start_snapshot: StartSnapshotUpdate
     commit_snapshot_chunk: CommitSnapshotChunkUpdate
     finish_snapshot: FinishSnapshotUpdate
-    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ..., start_splits: _Optional[_Union[StartSplitsUpdate, _Mapping]] = ..., return_splits: _Optional[_Union[ReturnSplitsUpdate, _Mapping]] = ..., remove_worker: _Optional[_Union[RemoveWorkerUpdate, _Mapping]] = ..., extend_rounds: _Optional[_Union[ExtendRoundsUpdate, _Mapping]] = ..., start_snapshot: _Optional[_Union[StartSnapshotUpdate, _Mapping]] = ..., commit_snapshot_chunk: _Optional[_Union[CommitSnapshotChunkUpdate, _Mapping]] = ..., finish_snapshot: _Optional[_Union[FinishSnapshotUpdate, _Mapping]] = ...) -> None: ...
+    drop_iteration: DropIterationUpdate
+    def __init__(self, register_dataset: _Optional[_Union[RegisterDatasetUpdate, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerUpdate, _Mapping]] = ..., create_job: _Optional[_Union[CreateJobUpdate, _Mapping]] = ..., create_iteration: _Optional[_Union[CreateIterationUpdate, _Mapping]] = ..., create_task: _Optional[_Union[CreateTaskUpdate, _Mapping]] = ..., finish_task: _Optional[_Union[FinishTaskUpdate, _Mapping]] = ..., acquire_iteration_client: _Optional[_Union[AcquireIterationClientUpdate, _Mapping]] = ..., release_iteration_client: _Optional[_Union[ReleaseIterationClientUpdate, _Mapping]] = ..., finish_iteration: _Optional[_Union[FinishIterationUpdate, _Mapping]] = ..., produce_splits: _Optional[_Union[ProduceSplitsUpdate, _Mapping]] = ..., reserve_ids: _Optional[_Union[ReserveIdsUpdate, _Mapping]] = ..., start_splits: _Optional[_Union[StartSplitsUpdate, _Mapping]] = ..., return_splits: _Optional[_Union[ReturnSplitsUpdate, _Mapping]] = ..., remove_worker: _Optional[_Union[RemoveWorkerUpdate, _Mapping]] = ..., extend_rounds: _Optional[_Union[ExtendRoundsUpdate, _Mapping]] = ..., start_snapshot: _Optional[_Union[StartSnapshotUpdate, _Mapping]] = ..., commit_snapshot_chunk: _Optional[_Union[CommitSnapshotChunkUpdate, _Mapping]] = ..., finish_snapshot: _Optional[_Union[FinishSnapshotUpdate, _Mapping]] = ..., drop_iteration: _Optional[_Union[DropIterationUpdate, _Mapping]] = ...) -> None: ...
 
 class RegisterDatasetUpdate(_message.Message):
     __slots__ = ("dataset_id", "fingerprint", "metadata")
@@ -152,6 +154,12 @@ class ReleaseIterationClientUpdate(_message.Message):
     def __init__(self, iteration_client_id: _Optional[int] = ...) -> None: ...
 
 class FinishIterationUpdate(_message.Message):
+    __slots__ = ("iteration_id",)
+    ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    iteration_id: int
+    def __init__(self, iteration_id: _Optional[int] = ...) -> None: ...
+
+class DropIterationUpdate(_message.Message):
     __slots__ = ("iteration_id",)
     ITERATION_ID_FIELD_NUMBER: _ClassVar[int]
     iteration_id: int

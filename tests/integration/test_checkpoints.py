@@ -176,18 +176,51 @@ def test_restore_into_another_pipeline_is_an_error_naming_the_mismatch(cluster, 
         _read(other)
 
 
+def _range_100(cluster):
+    return iter(tf.data.Dataset.range(100).apply(service.distribute("parallel_epochs", cluster.target)))
+
+
+def _restored(cluster, path: str):
+    """A new iterator of _range_100's pipeline, restored from the checkpoint at `path`."""
+    iterator = _range_100(cluster)
+    tf.train.Checkpoint(iterator=iterator).restore(path)
+    return iterator
+
+
 def test_restore_after_the_dispatcher_forgot_the_job_is_an_error(tmp_path):
     cluster = in_process_cluster(1)
     try:
-        ds = tf.data.Dataset.range(100).apply(service.distribute("parallel_epochs", cluster.target))
-        iterator = iter(ds)
+        iterator = _range_100(cluster)
         _read(iterator, 10)
         path = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
         cluster.restart_dispatcher()  # not fault tolerant: it forgets every job
-        restored = iter(tf.data.Dataset.range(100).apply(service.distribute("parallel_epochs", cluster.target)))
-        tf.train.Checkpoint(iterator=restored).restore(path)
+        restored = _restored(cluster, path)
         with pytest.raises(tf.errors.OpError, match="NotFoundError.*restarted without fault_tolerant_mode"):
             _read(restored)
+    finally:
+        cluster.stop()
+
+
+def test_restore_after_retention_dropped_the_iteration_is_an_error_naming_it(tmp_path):
+    """A checkpoint resumes while its iteration is retained, and is NotFoundError naming
+    iteration_retention_ms once the ended iteration has been dropped (with its job)."""
+    cluster = in_process_cluster(1, iteration_retention_ms=1_000, job_gc_check_interval_ms=100)
+    try:
+        iterator = _range_100(cluster)
+        _read(iterator, 10)
+        path = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
+        restored = _restored(cluster, path)
+        assert _read(restored) == list(range(10, 100))
+        del iterator, restored  # their clients release the iterations, which end
+
+        deadline = time.monotonic() + 30
+        while cluster.dispatcher.state_summary()["jobs"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cluster.dispatcher.state_summary()["jobs"] == 0, "the ended iterations were not dropped"
+        assert cluster.dispatcher.status()["jobs"] == []
+        late = _restored(cluster, path)
+        with pytest.raises(tf.errors.OpError, match="NotFoundError.*dropped after iteration_retention_ms"):
+            _read(late)
     finally:
         cluster.stop()
 

@@ -125,3 +125,66 @@ def test_round_limits_only_grow():
     )
     assert state.iteration(1).round_limit == 40
     assert state.task_def(state.task(3)).starting_round == 40
+
+
+def _retired_script():
+    """The script's iteration finished (both tasks) and without clients, a second iteration of
+    its job still running, and task 2 holding a split range."""
+    return script() + [
+        U(
+            produce_splits=journal_pb2.ProduceSplitsUpdate(
+                iteration_id=1, split_group=0, repetition=0, task_id=2, index=0, begin=0, end=5
+            )
+        ),
+        U(finish_task=journal_pb2.FinishTaskUpdate(task_id=2)),
+        U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=1)),
+        U(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=2)),
+        U(create_iteration=journal_pb2.CreateIterationUpdate(iteration_id=2, job_id=1, repetition=1)),
+        U(create_task=journal_pb2.CreateTaskUpdate(task_id=3, iteration_id=2, worker_address="w1:1")),
+    ]
+
+
+def test_dropping_an_iteration_forgets_it_its_tasks_and_then_its_job():
+    state = _apply_all(_retired_script())
+    assert [i.iteration_id for i in state.retired_iterations()] == [1]
+    state.apply(U(drop_iteration=journal_pb2.DropIterationUpdate(iteration_id=1)))
+    state.validate()
+    assert state.iteration(1) is None and state.task(1) is None and state.task(2) is None
+    assert [t.task_id for t in state.active_tasks_of_worker("w1:1")] == [3]
+    assert state.was_dropped("iteration", 1) and state.was_dropped("task", 2)
+    assert not state.was_dropped("iteration", 2) and not state.was_dropped("iteration", 3)
+    # The job keeps its other iteration, and its name.
+    assert state.job_named("1", "train").iterations == {1: 2}
+    # Ids are not reused.
+    assert (state.next_id("iteration"), state.next_id("task")) == (3, 4)
+
+    state.apply(U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=2)))
+    state.apply(U(drop_iteration=journal_pb2.DropIterationUpdate(iteration_id=2)))
+    state.validate()
+    assert state.job(1) is None and state.job_named("1", "train") is None and state.was_dropped("job", 1)
+    assert state.summary()["tasks"] == 0 and state.active_tasks_of_worker("w1:1") == []
+    # A snapshot of what is left replays to the same state, and holds nothing of what was dropped.
+    snapshot = state.to_updates()
+    assert comparable(_apply_all(snapshot)) == comparable(state)
+    assert not any(u.HasField("create_task") or u.HasField("create_job") for u in snapshot)
+
+
+def test_an_iteration_with_clients_or_unfinished_cannot_be_dropped():
+    state = _apply_all(script())  # iteration 1: clients, a task running
+    with pytest.raises(ValueError, match="not finished or has clients"):
+        state.apply(U(drop_iteration=journal_pb2.DropIterationUpdate(iteration_id=1)))
+    state = _apply_all(_retired_script())
+    with pytest.raises(ValueError, match="not finished or has clients"):
+        state.apply(U(drop_iteration=journal_pb2.DropIterationUpdate(iteration_id=2)))
+
+
+def test_a_journal_with_drops_replays_the_same_through_a_snapshot_at_any_point():
+    updates = _retired_script() + [
+        U(drop_iteration=journal_pb2.DropIterationUpdate(iteration_id=1)),
+        U(create_task=journal_pb2.CreateTaskUpdate(task_id=4, iteration_id=2, worker_address="w2:1")),
+    ]
+    whole = _apply_all(updates)
+    for cut in range(len(updates) + 1):
+        restored = _apply_all(_apply_all(updates[:cut]).to_updates() + updates[cut:])
+        restored.validate()
+        assert comparable(restored) == comparable(whole), cut
