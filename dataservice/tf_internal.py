@@ -76,6 +76,17 @@ def value_now(tensor: tf.Tensor):
             return session.run(copy)
 
 
+def remove_eager_functions(names: Sequence[str]) -> None:
+    """Removes functions from the eager context's library. Calling a function made with
+    tf.compat.v1.wrap_function adds the functions its graph uses (a tf.data pipeline's map and
+    generator functions) to that library, and nothing removes them when it is gone: a process
+    that makes one per task would keep every task's functions for its life."""
+    context = _context.context()
+    for name in names:
+        if context.has_function(name):
+            context.remove_function(name)
+
+
 def eager_mode():
     """A context that runs ops eagerly, also while a tf.Graph is being built (graph mode)."""
     return _context.eager_mode()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -314,4 +315,8 @@ def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Sour
 
     wrapped = tf.compat.v1.wrap_function(build, [])
     variant = wrapped()
+    # The call added the functions the rebuilt pipeline uses to the eager context: they go with
+    # the keepalive, or every task would leave its own there for the process's life.
+    used = [f.signature.name for f in wrapped.graph.as_graph_def().library.function]
+    weakref.finalize(wrapped, tf_internal.remove_eager_functions, used)
     return tf.data.experimental.from_variant(variant, element_spec), wrapped

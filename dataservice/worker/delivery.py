@@ -192,6 +192,11 @@ class Deliveries:
             for key in [k for k in self._records if k[0] == task_id]:
                 del self._records[key]
 
+    def tasks(self) -> set[int]:
+        """The tasks some client still has a record of."""
+        with self._lock:
+            return {task_id for task_id, _ in self._records}
+
     def expire(self) -> None:
         """Drops the records no stream has used for RETAIN_S."""
         now = time.monotonic()

@@ -31,6 +31,8 @@ class TaskBook:
         self._runners: dict[int, TaskRunner] = {}
         self._round_robins: dict[int, RoundRobinServer] = {}
         self._finished: set[int] = set()
+        # finished task -> when (time.monotonic), until forget_finished drops it
+        self._finished_at: dict[int, float] = {}
         self._unreported: set[int] = set()
         # Each task's iteration secret (read_keys.py; TaskDef.read_key), kept while the worker knows it.
         self._secrets: dict[int, str] = {}
@@ -68,11 +70,29 @@ class TaskBook:
             if task_id in self._finished:
                 return None
             self._finished.add(task_id)
+            self._finished_at[task_id] = time.monotonic()
             self._unreported.add(task_id)
             self._round_robins.pop(task_id, None)
             runner = self._runners.pop(task_id, None)
             self._changed.notify_all()
             return runner
+
+    def forget_finished(self, before: float, in_use: set[int]) -> list[int]:
+        """Forgets the tasks that finished before `before` (time.monotonic), were reported to the
+        dispatcher and are not `in_use` (no client's delivery record left): their ids and secrets
+        would otherwise stay for the worker's life. A late stream for one then waits as for an
+        unknown task and its client asks the dispatcher, which knows it finished. Returns them."""
+        with self._lock:
+            old = [
+                t
+                for t, at in self._finished_at.items()
+                if at < before and t not in self._unreported and t not in in_use
+            ]
+            for task_id in old:
+                del self._finished_at[task_id]
+                self._finished.discard(task_id)
+                self._secrets.pop(task_id, None)
+            return old
 
     def may_read(self, task_id: int, client_id: int, read_key: str) -> bool:
         """Whether `read_key` is the key of client `client_id` of the task's iteration (a task the

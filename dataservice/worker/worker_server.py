@@ -15,6 +15,7 @@ import logging
 import random
 import socket
 import threading
+import time
 from typing import Any
 
 import tensorflow as tf
@@ -32,7 +33,7 @@ from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import grpc_service, local, shared_memory, tcp
 from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.worker import sandbox, streaming
+from dataservice.worker import delivery, sandbox, streaming
 from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator
 from dataservice.worker.cross_trainer_cache import CACHE_CHUNK_ELEMENTS, CachingTaskRunner
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
@@ -212,6 +213,8 @@ class WorkerServer:
                 return
             self._datasets.expire()
             self._streams.deliveries.expire()
+            # Finished tasks are remembered as long as their clients' records are kept.
+            self._tasks.forget_finished(time.monotonic() - delivery.RETAIN_S, self._streams.deliveries.tasks())
             try:
                 # Finished tasks first: a heartbeat before would be offered them again.
                 self._report_unreported(timeout_s=interval_s)

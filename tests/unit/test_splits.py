@@ -3,6 +3,8 @@ split groups found in the graph, and the pipeline rebuilt over given split range
 
 from __future__ import annotations
 
+import gc
+
 import tensorflow as tf
 
 from dataservice.pipeline import graph as graph_lib
@@ -85,3 +87,20 @@ def test_the_selector_of_choose_and_sample_runs_whole():
         sources = _sources(pipeline)
         assert [s.op for s in sources] == ["TensorDataset", "TensorDataset"]
         assert splits.group_sizes(sources) == [splits.INFINITE_SPLITS] * 2
+
+
+def test_a_rebuilt_pipelines_functions_leave_the_eager_context_with_it():
+    """Each rebuild adds its pipeline's functions (its maps, the ranges' generator) to the
+    eager context; a worker rebuilds once per task, so they must go when the task's dataset does."""
+    from tensorflow.python.eager import context
+
+    def functions() -> int:
+        gc.collect()
+        return len(context.context().list_function_names())
+
+    dataset = tf.data.Dataset.range(20).map(lambda x: x * 2).filter(lambda x: x % 3 > 0)
+    assert _rebuilt(dataset, [(0, 10)])  # whatever the first rebuild leaves for good
+    before = functions()
+    for _ in range(5):
+        assert _rebuilt(dataset, [(0, 10), (10, 20)]) == [x * 2 for x in range(20) if (x * 2) % 3 > 0]
+    assert functions() == before

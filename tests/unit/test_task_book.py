@@ -57,3 +57,19 @@ def test_close_refuses_new_tasks_and_returns_the_running_ones():
     assert [r.task_id for r in book.close()] == [5]
     assert book.add(6, start(6)) is None
     assert book.wait_for(6, timeout_s=5) is None, "a closed book does not make streams wait"
+
+
+def test_finished_tasks_are_forgotten_once_reported_old_and_unused():
+    book = TaskBook()
+    for task_id in (1, 2, 3, 4):
+        book.add(task_id, start(task_id), secret=f"secret-{task_id}")
+        book.finish(task_id)
+    book.mark_reported([1, 2, 3])  # 4 is not reported yet
+    finished_by = time.monotonic()
+    assert book.forget_finished(before=finished_by - 60, in_use=set()) == [], "too recent"
+    # 2 still has a client's delivery record: kept, with its secret.
+    assert sorted(book.forget_finished(before=finished_by + 1, in_use={2})) == [1, 3]
+    assert not book.is_known(1) and not book.is_finished(3)
+    assert book.is_finished(2) and book.is_finished(4)
+    assert book.may_read(2, 7, "wrong") is False  # its secret is still checked
+    assert sorted(book.forget_finished(before=finished_by + 1, in_use=set())) == [2]
