@@ -30,9 +30,8 @@ class TaskBook:
         self._changed = threading.Condition(self._lock)
         self._runners: dict[int, TaskRunner] = {}
         self._round_robins: dict[int, RoundRobinServer] = {}
-        self._finished: set[int] = set()
         # finished task -> when (time.monotonic), until forget_finished drops it
-        self._finished_at: dict[int, float] = {}
+        self._finished: dict[int, float] = {}
         self._unreported: set[int] = set()
         # Each task's iteration secret (read_keys.py; TaskDef.read_key), kept while the worker knows it.
         self._secrets: dict[int, str] = {}
@@ -69,8 +68,7 @@ class TaskBook:
         with self._lock:
             if task_id in self._finished:
                 return None
-            self._finished.add(task_id)
-            self._finished_at[task_id] = time.monotonic()
+            self._finished[task_id] = time.monotonic()
             self._unreported.add(task_id)
             self._round_robins.pop(task_id, None)
             runner = self._runners.pop(task_id, None)
@@ -84,13 +82,10 @@ class TaskBook:
         unknown task and its client asks the dispatcher, which knows it finished. Returns them."""
         with self._lock:
             old = [
-                t
-                for t, at in self._finished_at.items()
-                if at < before and t not in self._unreported and t not in in_use
+                t for t, at in self._finished.items() if at < before and t not in self._unreported and t not in in_use
             ]
             for task_id in old:
-                del self._finished_at[task_id]
-                self._finished.discard(task_id)
+                del self._finished[task_id]
                 self._secrets.pop(task_id, None)
             return old
 
