@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import time
 import urllib.request
 from typing import Any
@@ -98,6 +99,21 @@ def wait_for_workers(address: str, count: int, timeout_s: float = 60.0, tls=None
                 return
             time.sleep(0.1)
     raise TimeoutError(f"fewer than {count} workers registered at {address}")
+
+
+def connect_from(source_host: str, address: str, timeout_s: float = 10.0) -> socket.socket:
+    """A TCP connection to the port of `address` ('host:port') on IPv4 loopback, from
+    `source_host`: to the server another loopback address (127.0.0.2) is another peer
+    (rpc/peers.py)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout_s)
+        sock.bind((source_host, 0))
+        sock.connect(("127.0.0.1", int(address.rpartition(":")[2])))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def wait_until(condition, what: str, timeout_s: float = 30.0, poll_s: float = 0.05) -> None:

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import connect_from
 
 import dataservice as service
 from dataservice.rpc import channels, errors
@@ -234,7 +235,7 @@ def test_an_idle_stream_is_closed(cluster, monkeypatch):
         assert time.monotonic() - started < 8, "the idle stream was kept open"
 
 
-def test_a_grpc_stream_whose_client_stops_reading_is_cancelled(cluster, monkeypatch):
+def test_a_grpc_stream_whose_client_stops_reading_is_ended(cluster, monkeypatch):
     """The gRPC transfer's idle limit: a client that takes one message of 2 MiB elements and
     then stops reading and acknowledging (the worker's stream waits for acknowledgements on one
     of the server's threads) has its stream ended after streaming.IDLE_STREAM_TIMEOUT_S: what
@@ -317,17 +318,6 @@ def test_connections_without_a_request_take_no_stream_slot_and_are_closed(cluste
             sock.close()
 
 
-def _connect_from(source_host: str, address: str) -> socket.socket:
-    """A connection to the worker's data port on IPv4 loopback from `source_host` (another
-    loopback address is another peer)."""
-    port = int(address.rpartition(":")[2])
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.settimeout(10)
-    sock.bind((source_host, 0))
-    sock.connect(("127.0.0.1", port))
-    return sock
-
-
 def test_one_peer_takes_at_most_its_share_of_pending_connections_and_streams(cluster, monkeypatch):
     """The attack from one host: connections that never authenticate, then streams held open
     with no credits. Past its share (MAX_PENDING_PER_PEER, MAX_STREAMS_PER_PEER) that host is
@@ -338,13 +328,13 @@ def test_one_peer_takes_at_most_its_share_of_pending_connections_and_streams(clu
     attacker, other = "127.0.0.2", "127.0.0.1"
 
     def first_answer(source: str, request: worker_pb2.StreamElementsRequest) -> worker_pb2.StreamElementsResponse:
-        with _connect_from(source, address) as sock:
+        with connect_from(source, address) as sock:
             tcp.send_request(sock, request)
             response, _ = tcp.recv_response(sock)
         return response
 
     unknown_task = worker_pb2.StreamElementsRequest(task_id=424242, credits=1)
-    silent = [_connect_from(attacker, address) for _ in range(3)]
+    silent = [connect_from(attacker, address) for _ in range(3)]
     try:
         refused = first_answer(attacker, unknown_task)
         assert errors.status_code(refused.error_code) == grpc.StatusCode.UNAVAILABLE
@@ -358,7 +348,7 @@ def test_one_peer_takes_at_most_its_share_of_pending_connections_and_streams(clu
     held = []
     try:
         for task_id, client_id, read_key in iterations[:2]:
-            sock = _connect_from(attacker, address)
+            sock = connect_from(attacker, address)
             held.append(sock)
             tcp.send_request(
                 sock,

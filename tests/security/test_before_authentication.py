@@ -6,12 +6,10 @@ and the large request is refused before it is read (the dispatcher's memory is m
 
 from __future__ import annotations
 
-import socket
-
 import grpc
 import psutil
 import tensorflow as tf
-from conftest import wait_until
+from conftest import connect_from, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import dataservice
@@ -83,14 +81,10 @@ def test_silent_connections_to_the_data_port_lock_no_trainer_out(secure_cluster)
     with DispatcherClient(secure_cluster.dispatcher.address, 10, tls=tls_files) as client:
         (worker,) = client.get_workers()
     address = tcp.transfer_address(worker.transfer_address)
-    port = int(address.rpartition(":")[2])
     silent = []
     try:
         for _ in range(tcp_server.MAX_PENDING + 16):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            silent.append(sock)
-            sock.bind(("127.0.0.2", 0))
-            sock.connect(("127.0.0.1", port))
+            silent.append(connect_from("127.0.0.2", address))
         with tcp.connect(address, 10, tls=tls_files) as sock:
             sock.settimeout(10)
             tcp.send_request(sock, worker_pb2.StreamElementsRequest(task_id=1, credits=1))
