@@ -121,11 +121,15 @@ def _job_status(client: DispatcherClient) -> dict:
     return job
 
 
-def _read_for(iterator, seconds: float, per_element_s: float) -> float:
-    """Reads for `seconds`, spending `per_element_s` on each element; returns the pace this
-    consumer kept by its own clock (elements per second of its time outside `next`), which on a
-    loaded machine is well below 1 / per_element_s."""
-    deadline = time.monotonic() + seconds
+def _read_for(iterator, seconds: float, per_element_s: float) -> tuple[float, float]:
+    """Reads for `seconds`, spending `per_element_s` on each element. Returns two paces that
+    bound the consumption rate the dispatcher should see: the elements received per second
+    over the whole read (what the client got, waits included) and the pace by the consumer's
+    own clock (elements per second of its time outside `next`, which leaves out the iterator's
+    own costs between a chunk's hand-out and the next request; on a loaded machine both are
+    well below 1 / per_element_s)."""
+    started_at = time.monotonic()
+    deadline = started_at + seconds
     elements, own_s = 0, 0.0
     while time.monotonic() < deadline:
         next(iterator)
@@ -133,13 +137,15 @@ def _read_for(iterator, seconds: float, per_element_s: float) -> float:
         time.sleep(per_element_s)
         elements += 1
         own_s += time.perf_counter() - started
-    return elements / own_s
+    return elements / (time.monotonic() - started_at), elements / own_s
 
 
-def _assert_recommendation_follows(job: dict, own_pace: float) -> None:
+def _assert_recommendation_follows(job: dict, paces: tuple[float, float]) -> None:
     """The dispatcher's figures agree with what the test saw: the client's consumption rate
-    with its own pace, and the recommendation with consumption over one worker's throughput."""
-    assert job["consumption_rate"] == pytest.approx(own_pace, rel=0.5), (own_pace, job)
+    lies between what it received and its own pace, and the recommendation is consumption
+    over one worker's throughput."""
+    received, own_pace = paces
+    assert received * 0.7 <= job["consumption_rate"] <= own_pace * 1.3, (paces, job)
     needed = job["consumption_rate"] / job["worker_throughput"]
     assert needed - 1 <= job["recommended_workers"] <= needed + 2, job
     assert job["missing_workers"] == max(0, job["recommended_workers"] - job["workers"]), job
@@ -149,7 +155,7 @@ def test_recommendation_when_a_slow_pipeline_starves_a_client_and_with_more_work
     # Each worker makes 25 elements/s (40 ms a element); the client takes at least 4 ms an
     # element, so it needs several times the 2 workers it starts with and waits most of the time.
     # How fast the client really goes depends on the machine's load, so the test holds the
-    # dispatcher's figures against the pace the client measured itself.
+    # dispatcher's figures against the paces the client measured itself.
     with LocalCluster(
         2, processes=False, dispatcher_options={"monitoring_port": 0}, worker_options={"heartbeat_interval_ms": 500}
     ) as cluster:
@@ -170,7 +176,7 @@ def test_recommendation_when_a_slow_pipeline_starves_a_client_and_with_more_work
             cluster.add_worker(heartbeat_interval_ms=500)
         fed_pace = _read_for(iterator, 16, 0.004)  # the window (10 s) forgets the starved seconds
         fed = _job_status(client)
-        print(f"starved: {starved} at {starved_pace:.0f}/s\nfed: {fed} at {fed_pace:.0f}/s")
+        print(f"starved: {starved} at {starved_pace}/s\nfed: {fed} at {fed_pace}/s")
         assert fed["workers"] == 12
         assert fed["wait_fraction"] < 0.3, fed
         # The client's pace is measured while it starves too (no prefetch hides it): the
