@@ -13,6 +13,13 @@ they can check a client's key for the client id it presents without asking the
 dispatcher; the dispatcher checks it on ClientHeartbeat and
 ReleaseIterationClient. A client id is thereby one the dispatcher issued, and
 only its holder can use it.
+
+The same secret signs receipts: with each message of elements a worker sends
+an HMAC of (task id, elements the client has been sent of the task so far).
+A client's checkpoint keeps each task's latest receipt beside the position it
+saves, and the dispatcher resumes only positions a receipt covers: a client
+cannot have a worker skip more elements than the task delivered (2^62 of an
+infinite pipeline would keep it busy for ever).
 """
 
 from __future__ import annotations
@@ -42,3 +49,17 @@ def matches(provided: str, secret: str, client_id: int) -> bool:
     if not secret:
         return True
     return hmac.compare_digest(provided.encode(), client_key(secret, client_id).encode())
+
+
+def receipt(secret: str, task_id: int, elements: int) -> str:
+    """The receipt of task `task_id` for `elements` elements sent to one of its clients."""
+    message = f"receipt:{task_id}:{elements}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:_KEY_CHARS]
+
+
+def receipt_matches(provided: str, secret: str, task_id: int, elements: int) -> bool:
+    """Whether `provided` is the task's receipt for `elements`, in time that does not depend on
+    where they differ. An iteration without a secret (journaled before read keys) signs none."""
+    if not secret:
+        return True
+    return hmac.compare_digest(provided.encode(), receipt(secret, task_id, elements).encode())

@@ -26,6 +26,7 @@ from dataservice.client.element_streams import ElementStream, open_stream
 from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
+from dataservice.rpc.dispatcher_client import TaskPosition
 from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import chunk as chunk_lib
 from dataservice.transfer import shared_memory
@@ -55,7 +56,7 @@ class IterationReader:
         compression: int,
         protocol: str | None = None,
         tls: TlsFiles | None = None,
-        resume_from: Sequence[tuple[int, int]] | None = None,
+        resume_from: Sequence[TaskPosition] | None = None,
     ):
         self.codec = codec
         self.protocol = protocol
@@ -79,6 +80,9 @@ class IterationReader:
         self._passed_counts: dict[int, int] = collections.Counter()
         self._ended_tasks: set = set()
         self._consumed_ends: set = set()
+        # Per task, its latest receipt (read_keys.py) and the elements it covers: a checkpoint
+        # saves it beside the position, which the dispatcher checks against it on resume.
+        self._receipts: dict[int, tuple[int, str]] = {}
         self.meter = ReadingMeter()
         self.session = IterationSession(
             dispatcher_address,
@@ -220,6 +224,16 @@ class IterationReader:
         if reached:
             self.session.wake()
 
+    def hold_receipt(self, task_id: int, elements: int, receipt: str) -> None:
+        with self._lock:
+            self._receipts[task_id] = (elements, receipt)
+
+    def position(self, task_id: int, elements: int) -> TaskPosition:
+        """Task `task_id` taken `elements` far, with the latest receipt for it, to save."""
+        with self._lock:
+            covered, receipt = self._receipts.get(task_id, (0, ""))
+        return TaskPosition(task_id, elements, covered, receipt)
+
     def consumed_tasks(self) -> list:
         with self._lock:
             return sorted(self._consumed_ends)
@@ -305,6 +319,9 @@ class _TaskStream:
                 for response, buffers in stream:
                     if response.chunks and response.first_element != reader.credits.received_total(self.task_id):
                         raise _Gap(response.first_element, reader.credits.received_total(self.task_id))
+                    if response.receipt:  # before the elements reach the consumer (and a checkpoint)
+                        covered = response.first_element + sum(proto.num_elements for proto in response.chunks)
+                        reader.hold_receipt(self.task_id, covered, response.receipt)
                     for proto in response.chunks:
                         chunk = reader.codec.decode(proto, buffers)
                         reader.credits.received(self.task_id, chunk.num_elements)

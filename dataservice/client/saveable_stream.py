@@ -6,8 +6,9 @@ saved). So the elements reach tf.data through ops that can:
 
     range(inf)
       .scan(state, step)            call k: the reader's next chunk, with the reader's progress
-                                    after it (elements taken per task); the state: a token naming
-                                    the iterator's reader (made at the first call) and that progress
+                                    after it (elements taken per task, and each task's latest
+                                    receipt); the state: a token naming the iterator's reader
+                                    (made at the first call) and that progress
       .take_while(not empty)        (every chunk holds elements, but the last)
       .unbatch() or                 the chunk's elements (chunk_layout.py)
       .flat_map(elements)
@@ -46,6 +47,7 @@ import tensorflow as tf
 
 from dataservice.client.chunk_layout import ChunkLayout
 from dataservice.client.reader import IterationReader
+from dataservice.rpc.dispatcher_client import TaskPosition
 from dataservice.transfer import chunk as chunk_lib
 
 log = logging.getLogger(__name__)
@@ -86,12 +88,16 @@ class _Slot:
         self.tracked_progress = False
         self.progress_seq = 0
 
-    def progress(self) -> tuple[np.ndarray, np.ndarray]:
+    def progress(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(task ids, elements taken, elements their receipts cover, the receipts)."""
         tasks = sorted(self.handed)
-        out = (chunk_lib.aligned_empty((len(tasks),), np.int64), chunk_lib.aligned_empty((len(tasks),), np.int64))
+        positions = [self.reader.position(t, self.handed[t]) for t in tasks] if self.reader is not None else []
+        out = tuple(chunk_lib.aligned_empty((len(tasks),), np.int64) for _ in range(3))
         out[0][:] = tasks
         out[1][:] = [self.handed[t] for t in tasks]
-        return out
+        out[2][:] = [p.receipt_elements for p in positions]
+        receipts = np.array([p.receipt.encode() for p in positions], dtype=object)
+        return (*out, receipts)
 
     def close(self) -> None:
         self.closed = True
@@ -99,7 +105,7 @@ class _Slot:
             self.reader.close()
 
 
-ReaderFactory = Callable[[int, Sequence[tuple[int, int]] | None], IterationReader]
+ReaderFactory = Callable[[int, Sequence[TaskPosition] | None], IterationReader]
 
 
 class SaveableStream:
@@ -107,7 +113,7 @@ class SaveableStream:
 
     `open_reader(repetition, resume_from)` opens an IterationReader: on repetition
     `repetition` of the job, or (resume_from given) on a new iteration continuing
-    from (task id, elements taken) pairs. Chunks waiting together are joined up to
+    from saved positions. Chunks waiting together are joined up to
     `merge` = (elements, bytes) (IterationReader.chunks).
     """
 
@@ -131,21 +137,22 @@ class SaveableStream:
     def dataset(self) -> tf.data.Dataset:
         """The service dataset: its elements in their own structure, from ops tf.data can save."""
         layout = self._layout
-        types = [tf.int64, tf.int64, tf.int64, *layout.types]
+        progress_types = [tf.int64, tf.int64, tf.int64, tf.string]  # Slot.progress
+        types = [tf.int64, *progress_types, *layout.types]
 
         def step(state, k):
-            token, saved_tasks, saved_counts = state
-            out = tf.numpy_function(self._fetch, [token, k, saved_tasks, saved_counts], types, stateful=True)
-            token, tasks, counts, arrays = out[0], out[1], out[2], out[3:]
+            token, progress = state[0], list(state[1:])
+            out = tf.numpy_function(self._fetch, [token, k, *progress], types, stateful=True)
+            token, progress, arrays = out[0], out[1:5], out[5:]
             token.set_shape([2])
-            tasks.set_shape([None])
-            counts.set_shape([None])
+            for array in progress:
+                array.set_shape([None])
             for array, shape in zip(arrays, layout.shapes):
                 array.set_shape(shape)
             chunk = layout.pack_batched(arrays) if layout.unbatched else tuple(arrays)
-            return (token, tasks, counts), chunk
+            return (token, *progress), chunk
 
-        start = (tf.zeros([2], tf.int64), tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+        start = (tf.zeros([2], tf.int64), *(tf.zeros([0], dtype) for dtype in progress_types))
         chunks = tf.data.Dataset.range(2**62).scan(start, step)
         # Every chunk fetch gives holds an element, but the last: the end of the data.
         if layout.unbatched:
@@ -180,7 +187,7 @@ class SaveableStream:
         weakref.finalize(token, self._token_released, handle, slot)
         return token
 
-    def _progress(self, handle: int, slot: _Slot) -> tuple[np.ndarray, np.ndarray]:
+    def _progress(self, handle: int, slot: _Slot) -> tuple[np.ndarray, ...]:
         """The slot's progress for the scan. For a restored iterator's reader, whose token is not
         this process's, the arrays (adopted by TensorFlow, held as the scan's state) stand in for
         the token: when the latest of them is released, the iterator is gone."""
@@ -206,11 +213,11 @@ class SaveableStream:
                 del self._slots[handle]
         slot.close()
 
-    def _fetch(self, token: np.ndarray, k: np.int64, saved_tasks: np.ndarray, saved_counts: np.ndarray):
-        """Call `k` of an iterator: (token, tasks, counts, *chunk arrays), the chunk empty only at
-        the end of the data. The first call makes the iterator's token; a call with a token or
-        number this process does not expect is a restored iterator's, whose reader resumes from
-        the saved progress."""
+    def _fetch(self, token: np.ndarray, k: np.int64, *saved: np.ndarray):
+        """Call `k` of an iterator: (token, *progress, *chunk arrays), the chunk empty only at
+        the end of the data (`saved`: the progress the scan holds, Slot.progress). The first
+        call makes the iterator's token; a call with a token or number this process does not
+        expect is a restored iterator's, whose reader resumes from the saved progress."""
         handle, repetition, k = int(token[0]), int(token[1]), int(k)
         if handle == 0:
             token = self._new_token(calls=k)
@@ -220,7 +227,7 @@ class SaveableStream:
         if slot is None or slot.calls != k or slot.closed:
             if slot is not None:
                 self._discard(handle, slot)
-            slot = self._resume(handle, repetition, k, saved_tasks, saved_counts)
+            slot = self._resume(handle, repetition, k, *saved)
         elif slot.reader is None:
             self._before_first()
             slot.reader = self._open_reader(slot.repetition, None)
@@ -240,14 +247,26 @@ class SaveableStream:
             slot.handed[task_id] = slot.handed.get(task_id, 0) + count
         return (*self._progress(handle, slot), *self._layout.arrays(chunk))
 
-    def _resume(self, handle: int, repetition: int, k: int, tasks: np.ndarray, counts: np.ndarray) -> _Slot:
+    def _resume(
+        self,
+        handle: int,
+        repetition: int,
+        k: int,
+        tasks: np.ndarray,
+        counts: np.ndarray,
+        covered: np.ndarray,
+        receipts: np.ndarray,
+    ) -> _Slot:
         """The slot of a restored iterator (call `k` of it), its reader open on a new iteration
         continuing from the saved progress."""
         self._repetitions.passed(repetition)
         slot = _Slot(repetition, calls=k)
         slot.token_alive = False
         slot.tracked_progress = True
-        progress = list(zip(tasks.tolist(), counts.tolist()))
+        progress = [
+            TaskPosition(t, n, c, r.decode() if isinstance(r, bytes) else str(r))
+            for t, n, c, r in zip(tasks.tolist(), counts.tolist(), covered.tolist(), receipts.tolist())
+        ]
         # Nothing taken yet (saved before the first element): the repetition starts anew.
         slot.reader = self._open_reader(repetition, progress or None)
         slot.chunks = slot.reader.chunks_with_origin(*self._merge)

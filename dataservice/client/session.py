@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from dataservice.rpc.dispatcher_client import DispatcherClient, ReadingTotals
+from dataservice.rpc.dispatcher_client import DispatcherClient, ReadingTotals, TaskPosition
 from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import local
 from dataservice.v1 import common_pb2, dispatcher_pb2
@@ -105,9 +105,9 @@ class IterationSession:
         consumed_tasks: Callable[[], Sequence[int]] = lambda: (),
         reading: Callable[[], ReadingTotals] = ReadingTotals,
         tls: TlsFiles | None = None,
-        resume_from: Sequence[tuple[int, int]] | None = None,
+        resume_from: Sequence[TaskPosition] | None = None,
     ):
-        """`resume_from`: (task id, elements taken) of a saved iterator, whose position a new
+        """`resume_from`: the per-task positions of a saved iterator, which a new
         iteration continues from (ResumeIteration), instead of joining repetition `repetition`."""
         self._address = dispatcher_address
         self.timeout_s = timeout_s

@@ -492,6 +492,8 @@ class DispatcherCore:
         for p in request.progress:
             if p.elements < 0:
                 raise status.invalid_argument(f"task {p.task_id}: elements must be >= 0, got {p.elements}")
+            if p.task_id in consumed:
+                raise status.invalid_argument(f"the saved progress names task {p.task_id} twice")
             consumed[p.task_id] = p.elements
         new_tasks: list[common_pb2.TaskDef] = []
         with self._lock:
@@ -516,6 +518,7 @@ class DispatcherCore:
             if len(iteration_ids) > 1:
                 raise status.invalid_argument(f"the saved tasks belong to several iterations: {iteration_ids}")
             saved_iteration = self._state.iteration(iteration_ids[0])
+            _check_receipts(saved_iteration.read_key, request.progress)
             saved_job = self._state.job_of(saved_iteration)
             _check_resumable(saved_job, job_request)
             dataset = self._dataset(job_request.dataset_id)  # still registered
@@ -1050,8 +1053,8 @@ def _check_positions(sharding_policy: int, cardinality: int, positions: dict[int
     """INVALID_ARGUMENT for a checkpoint whose positions (resume.positions; `named`: the tasks the
     checkpoint names) the journal says are impossible: a task past the end of a dataset of known
     cardinality (every task's stream is at most one pass; in distributed_epoch all tasks together
-    are), which would have the new tasks' workers skip for ever. (What each task produced is not
-    journaled, so positions below that bound pass.)"""
+    are). Receipts (_check_receipts) bound each task by what it sent; this bound also holds for
+    the elements a resumed task skipped before its stream began."""
     if cardinality < 0:
         return
     for task_id in named:
@@ -1065,6 +1068,24 @@ def _check_positions(sharding_policy: int, cardinality: int, positions: dict[int
             f"the checkpoint says its consumer had taken {sum(positions.values())} elements of an epoch of "
             f"{cardinality} (distributed_epoch): the checkpoint is not of this dataset, or was altered"
         )
+
+
+def _check_receipts(secret: str, progress: Iterable[dispatcher_pb2.TaskProgress]) -> None:
+    """INVALID_ARGUMENT for a saved position that no receipt of its task covers (read_keys.py):
+    a consumer cannot have taken more of a task than the task's worker sent it."""
+    for p in progress:
+        if p.elements == 0:
+            continue
+        if not read_keys.receipt_matches(p.receipt, secret, p.task_id, p.receipt_elements):
+            raise status.invalid_argument(
+                f"the checkpoint's position in task {p.task_id} ({p.elements} elements) carries no valid receipt "
+                "from the task's worker: the checkpoint was altered, or saved by a client too old to keep receipts"
+            )
+        if p.elements > p.receipt_elements:
+            raise status.invalid_argument(
+                f"the checkpoint says its consumer had taken {p.elements} elements of task {p.task_id}, but the "
+                f"task's receipt covers {p.receipt_elements}: the checkpoint was altered"
+            )
 
 
 def _check_resumable(saved: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:

@@ -38,6 +38,18 @@ class ReadingTotals:
     consume_s: float = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskPosition:
+    """How far a saved iterator had read one task: the elements its consumer had taken from the
+    task's stream, and the task's latest receipt it held with the count that receipt covers
+    (read_keys.py): the dispatcher resumes no position past a receipt."""
+
+    task_id: int
+    elements: int
+    receipt_elements: int = 0
+    receipt: str = ""
+
+
 class DispatcherClient:
     """Typed calls to the dispatcher at `address` ("host:port").
 
@@ -148,12 +160,17 @@ class DispatcherClient:
         return self._call(self._stub.GetOrCreateIteration, request, "creating an iteration")
 
     def resume_iteration(
-        self, job: dispatcher_pb2.GetOrCreateJobRequest, progress: Sequence[tuple[int, int]]
+        self, job: dispatcher_pb2.GetOrCreateJobRequest, progress: Sequence[TaskPosition]
     ) -> dispatcher_pb2.ResumeIterationResponse:
-        """A new iteration continuing where a saved iterator stood: `progress` is (task id, elements
-        its consumer had taken from the task's stream) per task."""
+        """A new iteration continuing where a saved iterator stood, at `progress` (one per task)."""
         request = dispatcher_pb2.ResumeIterationRequest(
-            job=job, progress=[dispatcher_pb2.TaskProgress(task_id=t, elements=n) for t, n in progress]
+            job=job,
+            progress=[
+                dispatcher_pb2.TaskProgress(
+                    task_id=p.task_id, elements=p.elements, receipt_elements=p.receipt_elements, receipt=p.receipt
+                )
+                for p in progress
+            ],
         )
         return self._call(self._stub.ResumeIteration, request, "resuming a restored iterator")
 

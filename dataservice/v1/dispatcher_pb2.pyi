@@ -90,12 +90,16 @@ class GetOrCreateIterationResponse(_message.Message):
     def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
-    __slots__ = ("task_id", "elements")
+    __slots__ = ("task_id", "elements", "receipt_elements", "receipt")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     elements: int
-    def __init__(self, task_id: _Optional[int] = ..., elements: _Optional[int] = ...) -> None: ...
+    receipt_elements: int
+    receipt: str
+    def __init__(self, task_id: _Optional[int] = ..., elements: _Optional[int] = ..., receipt_elements: _Optional[int] = ..., receipt: _Optional[str] = ...) -> None: ...
 
 class ResumeIterationRequest(_message.Message):
     __slots__ = ("job", "progress")

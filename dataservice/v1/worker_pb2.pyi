@@ -54,7 +54,7 @@ class StreamElementsRequest(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., iteration_client_id: _Optional[int] = ..., max_elements_per_message: _Optional[int] = ..., credits: _Optional[int] = ..., compression: _Optional[_Union[_common_pb2.Compression, str]] = ..., auth_token: _Optional[str] = ..., trainer_id: _Optional[str] = ..., shared_memory_bytes: _Optional[int] = ..., released_regions: _Optional[_Iterable[int]] = ..., received: _Optional[int] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class StreamElementsResponse(_message.Message):
-    __slots__ = ("chunks", "end_of_sequence", "error_code", "error_message", "ring_bytes", "region_offset", "region_size", "first_element", "acknowledge")
+    __slots__ = ("chunks", "end_of_sequence", "error_code", "error_message", "ring_bytes", "region_offset", "region_size", "first_element", "acknowledge", "receipt")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     END_OF_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class StreamElementsResponse(_message.Message):
     REGION_SIZE_FIELD_NUMBER: _ClassVar[int]
     FIRST_ELEMENT_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.ElementChunk]
     end_of_sequence: bool
     error_code: int
@@ -73,7 +74,8 @@ class StreamElementsResponse(_message.Message):
     region_size: int
     first_element: int
     acknowledge: bool
-    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., ring_bytes: _Optional[int] = ..., region_offset: _Optional[int] = ..., region_size: _Optional[int] = ..., first_element: _Optional[int] = ..., acknowledge: _Optional[bool] = ...) -> None: ...
+    receipt: str
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.ElementChunk, _Mapping]]] = ..., end_of_sequence: _Optional[bool] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., ring_bytes: _Optional[int] = ..., region_offset: _Optional[int] = ..., region_size: _Optional[int] = ..., first_element: _Optional[int] = ..., acknowledge: _Optional[bool] = ..., receipt: _Optional[str] = ...) -> None: ...
 
 class GetElementRequest(_message.Message):
     __slots__ = ("task_id", "iteration_client_id", "consumer_index", "round", "compression", "read_key")

@@ -269,7 +269,10 @@ class _Sender:
     def encode(self, message: SentMessage) -> Response:
         self._credits.spend(message.count)
         chunk, buffers = message.codec.encode(list(message.chunks), self._compressor)
-        response = worker_pb2.StreamElementsResponse(first_element=message.first)
+        response = worker_pb2.StreamElementsResponse(
+            first_element=message.first,
+            receipt=self._worker.tasks.receipt(self._request.task_id, message.end),
+        )
         response.chunks.append(chunk)
         self._worker.transfer.sent(self._protocol, message.count, buffers)
         return response, buffers

@@ -97,6 +97,13 @@ class TaskBook:
             secret = self._secrets.get(task_id, "")
         return read_keys.matches(read_key, secret, client_id)
 
+    def receipt(self, task_id: int, elements: int) -> str:
+        """The task's receipt for `elements` sent to a client (read_keys.receipt); "" for a task
+        the book no longer knows."""
+        with self._lock:
+            secret = self._secrets.get(task_id, "")
+        return read_keys.receipt(secret, task_id, elements) if secret else ""
+
     def remove(self, task_id: int) -> TaskRunner | None:
         """Forgets a running task the dispatcher stopped; returns its runner for the caller to stop."""
         with self._lock:

@@ -4,6 +4,7 @@ send them. (A module of its own, not a conftest: tests/conftest.py already has t
 
 import tensorflow as tf
 
+from dataservice import read_keys
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher.core import DispatcherCore
 from dataservice.pipeline import graph as graph_lib
@@ -28,9 +29,21 @@ class RecordingNotifier:
     def __init__(self) -> None:
         self.tasks: list[tuple[str, int]] = []
         self.datasets: list[tuple[str, str]] = []
+        # The iteration secret each task came with (TaskDef.read_key), as its worker keeps it.
+        self.secrets: dict[int, str] = {}
 
     def process_task(self, worker_address, task) -> None:
         self.tasks.append((worker_address, task.task_id))
+        self.secrets[task.task_id] = task.read_key
+
+    def task_progress(self, task_id: int, elements: int, covered: int | None = None) -> dispatcher_pb2.TaskProgress:
+        """A checkpoint's position in the task, with the receipt its worker signs for having sent
+        `covered` elements (by default `elements`), as a client keeps it."""
+        covered = elements if covered is None else covered
+        receipt = read_keys.receipt(self.secrets.get(task_id, ""), task_id, covered)
+        return dispatcher_pb2.TaskProgress(
+            task_id=task_id, elements=elements, receipt_elements=covered, receipt=receipt
+        )
 
     def prepare_dataset(self, worker_address, dataset_id) -> None:
         self.datasets.append((worker_address, dataset_id))

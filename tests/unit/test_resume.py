@@ -39,11 +39,13 @@ def job_request(dataset_id: str, policy: int) -> dispatcher_pb2.GetOrCreateJobRe
     )
 
 
-def resume(core, dataset_id, policy, progress):
+def resume(core, notifier, dataset_id, policy, progress):
+    """Resumes from a checkpoint at `progress` (task -> elements taken), with the receipts the
+    tasks' workers sent."""
     return core.resume_iteration(
         dispatcher_pb2.ResumeIterationRequest(
             job=job_request(dataset_id, policy),
-            progress=[dispatcher_pb2.TaskProgress(task_id=t, elements=n) for t, n in progress.items()],
+            progress=[notifier.task_progress(t, n) for t, n in progress.items()],
         )
     )
 
@@ -73,7 +75,7 @@ def test_distributed_epoch_resume_replays_each_task_then_hands_out_the_rest(cloc
             begin, end, _ = splits(core, iteration.iteration_id, task, index)
             received[task].append((begin, end))
 
-    resumed = resume(core, dataset_id, DYNAMIC, {t1: 40, t2: 7})
+    resumed = resume(core, notifier, dataset_id, DYNAMIC, {t1: 40, t2: 7})
     assert resumed.repetition == 0 and resumed.iteration_id != iteration.iteration_id
     state = core._state  # the test reads the state the core keeps
     new_tasks = [state.task(t) for t in resumed.task_ids]
@@ -97,7 +99,7 @@ def test_a_resumed_iteration_resumes_again_and_survives_a_snapshot(clock, notifi
     iteration = start_iteration(core, dataset_id, policy=DYNAMIC)
     (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
     first = [splits(core, iteration.iteration_id, task, i)[:2] for i in range(2)]
-    once = resume(core, dataset_id, DYNAMIC, {task: 10})
+    once = resume(core, notifier, dataset_id, DYNAMIC, {task: 10})
     (replaying,) = once.task_ids
     # The resumed task takes one of its two replayed ranges and one is still to come, when the
     # trainer is killed again: the next resume replays both, and skips what both saves had taken.
@@ -105,7 +107,7 @@ def test_a_resumed_iteration_resumes_again_and_survives_a_snapshot(clock, notifi
     rebuilt = DispatcherState.replay(core._state.to_updates())
     rebuilt.validate()
     assert rebuilt.task(replaying).replay == core._state.task(replaying).replay
-    twice = resume(core, dataset_id, DYNAMIC, {replaying: 5})
+    twice = resume(core, notifier, dataset_id, DYNAMIC, {replaying: 5})
     (again,) = twice.task_ids
     assert core._state.task(again).skip_elements == 15
     assert drain(core, twice.iteration_id, again)[:2] == first
@@ -118,7 +120,7 @@ def test_parallel_epochs_resume_continues_each_stream_on_its_worker(clock, notif
     dataset_id = register(core, tf.data.Dataset.range(100))
     iteration = start_iteration(core, dataset_id)
     tasks = tasks_by_worker(core, iteration.iteration_client_id)
-    resumed = resume(core, dataset_id, OFF, {tasks["w1:1"]: 30, tasks["w2:1"]: 12})
+    resumed = resume(core, notifier, dataset_id, OFF, {tasks["w1:1"]: 30, tasks["w2:1"]: 12})
     placed = {core._state.task(t).worker_address: core._state.task(t).skip_elements for t in resumed.task_ids}
     assert placed == {"w1:1": 30, "w2:1": 12}
     # The workers are told, with the elements to skip.
@@ -133,7 +135,7 @@ def test_resume_prefers_workers_heard_from_lately(clock, notifier):
     (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
     clock.advance(10)  # the old worker was killed with the trainer; a new one came up
     heartbeat(core, "new:1")
-    resumed = resume(core, dataset_id, OFF, {task: 3})
+    resumed = resume(core, notifier, dataset_id, OFF, {task: 3})
     assert [core._state.task(t).worker_address for t in resumed.task_ids] == ["new:1"]
 
 
@@ -144,7 +146,7 @@ def test_a_lost_replaying_task_keeps_its_input_for_the_next_resume(clock, notifi
     iteration = start_iteration(core, dataset_id, policy=DYNAMIC)
     (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
     saved = [splits(core, iteration.iteration_id, task, i)[:2] for i in range(2)]
-    once = resume(core, dataset_id, DYNAMIC, {task: 20})
+    once = resume(core, notifier, dataset_id, DYNAMIC, {task: 20})
     (replaying,) = once.task_ids
     splits(core, once.iteration_id, replaying, 0)
     clock.advance(3)
@@ -154,7 +156,7 @@ def test_a_lost_replaying_task_keeps_its_input_for_the_next_resume(clock, notifi
     # Nothing of its input went to another task (its consumer had taken some of it) ...
     assert not core._state.iteration(once.iteration_id).returned_splits
     # ... a later resume replays all of it.
-    twice = resume(core, dataset_id, DYNAMIC, {replaying: 0})
+    twice = resume(core, notifier, dataset_id, DYNAMIC, {replaying: 0})
     replays = [t for t in twice.task_ids if core._state.task(t).skip_elements == 20]
     assert len(replays) == 1 and drain(core, twice.iteration_id, replays[0])[:2] == saved
 
@@ -167,15 +169,15 @@ def test_resume_errors_name_the_mismatch(clock, notifier, tmp_path):
     iteration = start_iteration(core, dataset_id)
     (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
     with pytest.raises(status.ServiceError, match=f"dataset {dataset_id!r}, this one reads dataset {other_id!r}") as e:
-        resume(core, other_id, OFF, {task: 1})
+        resume(core, notifier, other_id, OFF, {task: 1})
     assert e.value.code == status.Code.FAILED_PRECONDITION
     with pytest.raises(status.ServiceError, match="processing mode SHARDING_POLICY_OFF, this one in") as e:
-        resume(core, dataset_id, DYNAMIC, {task: 1})
+        resume(core, notifier, dataset_id, DYNAMIC, {task: 1})
     with pytest.raises(status.ServiceError, match="does not know: the dispatcher restarted without") as e:
-        resume(core, dataset_id, OFF, {task + 100: 1})
+        resume(core, notifier, dataset_id, OFF, {task + 100: 1})
     assert e.value.code == status.Code.NOT_FOUND
     with pytest.raises(status.ServiceError, match="elements must be >= 0") as e:
-        resume(core, dataset_id, OFF, {task: -1})
+        resume(core, notifier, dataset_id, OFF, {task: -1})
     assert e.value.code == status.Code.INVALID_ARGUMENT
 
 
@@ -188,20 +190,60 @@ def test_positions_past_the_datasets_end_are_refused(clock, notifier):
     parallel = tasks_by_worker(core, start_iteration(core, dataset_id).iteration_client_id)
     for position in (101, 2**62):
         with pytest.raises(status.ServiceError, match="the dataset has 100") as e:
-            resume(core, dataset_id, OFF, {parallel["w1:1"]: position, parallel["w2:1"]: 0})
+            resume(core, notifier, dataset_id, OFF, {parallel["w1:1"]: position, parallel["w2:1"]: 0})
         assert e.value.code == status.Code.INVALID_ARGUMENT
     # Each parallel_epochs stream is a whole pass: 100 each is possible.
-    resume(core, dataset_id, OFF, {parallel["w1:1"]: 100, parallel["w2:1"]: 100})
+    resume(core, notifier, dataset_id, OFF, {parallel["w1:1"]: 100, parallel["w2:1"]: 100})
     # distributed_epoch: the tasks share one pass.
     distributed = tasks_by_worker(core, start_iteration(core, dataset_id, policy=DYNAMIC).iteration_client_id)
     with pytest.raises(status.ServiceError, match="taken 120 elements of an epoch of 100") as e:
-        resume(core, dataset_id, DYNAMIC, {distributed["w1:1"]: 60, distributed["w2:1"]: 60})
+        resume(core, notifier, dataset_id, DYNAMIC, {distributed["w1:1"]: 60, distributed["w2:1"]: 60})
     assert e.value.code == status.Code.INVALID_ARGUMENT
-    resume(core, dataset_id, DYNAMIC, {distributed["w1:1"]: 60, distributed["w2:1"]: 40})
-    # An infinite dataset has no such bound.
+    resume(core, notifier, dataset_id, DYNAMIC, {distributed["w1:1"]: 60, distributed["w2:1"]: 40})
+    # An infinite dataset has no such bound (its tasks' receipts bound it: the next test).
     infinite_id = register(core, tf.data.Dataset.range(3).repeat())
     infinite = tasks_by_worker(core, start_iteration(core, infinite_id).iteration_client_id)
-    resume(core, infinite_id, OFF, {task: 10**6 for task in infinite.values()})
+    resume(core, notifier, infinite_id, OFF, {task: 10**6 for task in infinite.values()})
+
+
+def test_positions_no_receipt_of_the_task_covers_are_refused(clock, notifier):
+    """The attack: a client that edits its checkpoint to have a worker skip 2**62 elements of an
+    infinite pipeline (busy for ever). A position needs the receipt its task's worker signed
+    for at least that many elements; receipts are HMACs under the iteration's secret, which
+    clients never see."""
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    dataset_id = register(core, tf.data.Dataset.range(3).repeat())
+    iteration = start_iteration(core, dataset_id)
+    (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
+    other_iteration = start_iteration(core, dataset_id)
+    (other_task,) = tasks_by_worker(core, other_iteration.iteration_client_id).values()
+    honest = notifier.task_progress(task, 40, covered=64)  # the consumer took 40 of 64 received
+    forged = {
+        "past its receipt": notifier.task_progress(task, 2**62, covered=64),
+        "with no receipt": dispatcher_pb2.TaskProgress(task_id=task, elements=2**62),
+        "with the count changed": dispatcher_pb2.TaskProgress(
+            task_id=task, elements=2**62, receipt_elements=2**62, receipt=honest.receipt
+        ),
+        "with another task's receipt": dispatcher_pb2.TaskProgress(
+            task_id=task,
+            elements=2**62,
+            receipt_elements=2**62,
+            receipt=notifier.task_progress(other_task, 2**62).receipt,
+        ),
+    }
+    for name, progress in forged.items():
+        with pytest.raises(status.ServiceError, match=f"task {task}") as e:
+            core.resume_iteration(
+                dispatcher_pb2.ResumeIterationRequest(job=job_request(dataset_id, OFF), progress=[progress])
+            )
+        assert e.value.code == status.Code.INVALID_ARGUMENT, name
+    resumed = core.resume_iteration(
+        dispatcher_pb2.ResumeIterationRequest(job=job_request(dataset_id, OFF), progress=[honest])
+    )
+    # Nothing taken needs no receipt (a checkpoint saved before the first element of a task).
+    assert [core._state.task(t).skip_elements for t in resumed.task_ids] == [40]
+    resume(core, notifier, dataset_id, OFF, {task: 0})
 
 
 def test_resume_is_journaled_and_snapshots_keep_what_it_needs(clock, notifier, tmp_path):
@@ -216,7 +258,7 @@ def test_resume_is_journaled_and_snapshots_keep_what_it_needs(clock, notifier, t
     iteration = start_iteration(core, dataset_id, policy=DYNAMIC)
     (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
     saved = [splits(core, iteration.iteration_id, task, i)[:2] for i in range(3)]
-    resumed = resume(core, dataset_id, DYNAMIC, {task: 4})
+    resumed = resume(core, notifier, dataset_id, DYNAMIC, {task: 4})
     assert core.wait_for_snapshot(30)
     writer.close()
     rebuilt = DispatcherState.replay(journal.read(tmp_path).updates)
@@ -236,7 +278,7 @@ def test_status_shows_which_iteration_a_resumed_one_continues(clock, notifier):
     dataset_id = register(core, tf.data.Dataset.range(100))
     iteration = start_iteration(core, dataset_id)
     (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
-    resumed = resume(core, dataset_id, OFF, {task: 3})
+    resumed = resume(core, notifier, dataset_id, OFF, {task: 3})
     iterations = {it["iteration_id"]: it for job in core.status()["jobs"] for it in job["iterations"]}
     assert iterations[resumed.iteration_id]["resumes_iteration_id"] == iteration.iteration_id
     assert iterations[iteration.iteration_id]["resumes_iteration_id"] is None

@@ -46,13 +46,13 @@ def gc_after(core, clock, seconds: float, reading=()) -> None:
         core.collect_garbage()
 
 
-def resume_request(dataset_id: str, task_id: int) -> dispatcher_pb2.ResumeIterationRequest:
+def resume_request(notifier, dataset_id: str, task_id: int) -> dispatcher_pb2.ResumeIterationRequest:
     return dispatcher_pb2.ResumeIterationRequest(
         job=dispatcher_pb2.GetOrCreateJobRequest(
             dataset_id=dataset_id,
             processing_mode=common_pb2.ProcessingModeDef(sharding_policy=common_pb2.SHARDING_POLICY_OFF),
         ),
-        progress=[dispatcher_pb2.TaskProgress(task_id=task_id, elements=3)],
+        progress=[notifier.task_progress(task_id, 3)],
     )
 
 
@@ -64,7 +64,7 @@ def test_a_finished_iteration_is_dropped_after_the_retention_and_not_before():
     iteration = start_iteration(core, dataset_id)
     (task_id,) = [t for _, t in notifier.tasks]
     # A checkpoint taken while reading resumes while the iteration is retained...
-    resumed = core.resume_iteration(resume_request(dataset_id, task_id))
+    resumed = core.resume_iteration(resume_request(notifier, dataset_id, task_id))
     release(core, resumed)
     release(core, iteration)  # an anonymous iteration ends with its last client
     assert core.summary()["unfinished_iterations"] == 0
@@ -78,7 +78,7 @@ def test_a_finished_iteration_is_dropped_after_the_retention_and_not_before():
 
     # ... and not after: NOT_FOUND, naming the retention.
     with pytest.raises(status.ServiceError, match="iteration_retention_ms \\(10000 ms\\)") as dropped:
-        core.resume_iteration(resume_request(dataset_id, task_id))
+        core.resume_iteration(resume_request(notifier, dataset_id, task_id))
     assert dropped.value.code == status.Code.NOT_FOUND
     with pytest.raises(status.ServiceError, match="iteration_retention_ms") as dropped:
         core.get_or_create_iteration(dispatcher_pb2.GetOrCreateIterationRequest(job_id=1))
