@@ -23,6 +23,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -236,11 +237,15 @@ def build_config(args: argparse.Namespace) -> Any:
 # parent dies, however it dies (SIGKILL included), and the server then stops rather than run on,
 # orphaned.
 PARENT_PIPE_ENV = "DATASERVICE_PARENT_PIPE_FD"
+# Also set by such a parent: a directory it made for this server (a temporary work_dir). The
+# parent removes it when it stops the server; if the parent dies first, the server removes it
+# once it has stopped, so that nothing is left behind either way.
+OWNED_DIR_ENV = "DATASERVICE_OWNED_DIR"
 # A stop that hangs must not leave the process behind.
 _ORPHAN_EXIT_S = 30.0
 
 
-def _stop_when_parent_exits(stop: threading.Event) -> None:
+def _stop_when_parent_exits(stop: threading.Event, orphaned: threading.Event) -> None:
     fd = os.environ.pop(PARENT_PIPE_ENV, None)
     if fd is None:
         return
@@ -252,6 +257,7 @@ def _stop_when_parent_exits(stop: threading.Event) -> None:
         except (OSError, ValueError):
             pass
         logging.getLogger(__name__).warning("the process that started this server is gone: stopping")
+        orphaned.set()
         stop.set()
         exit_anyway = threading.Timer(_ORPHAN_EXIT_S, os._exit, args=(1,))
         exit_anyway.daemon = True
@@ -304,10 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     from dataservice.dispatcher.dispatch_server import DispatchServer
     from dataservice.worker.worker_server import WorkerServer
 
-    stop = threading.Event()
+    stop, orphaned = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    _stop_when_parent_exits(stop)
+    _stop_when_parent_exits(stop, orphaned)
+    owned_dir = os.environ.pop(OWNED_DIR_ENV, None)
 
     try:
         server = DispatchServer(config) if args.role == "dispatcher" else WorkerServer(config)
@@ -326,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     server.stop()
     logging.getLogger(__name__).info("%s stopped", args.role)
+    if orphaned.is_set() and owned_dir:
+        shutil.rmtree(owned_dir, ignore_errors=True)
     return 0
 
 

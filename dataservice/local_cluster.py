@@ -24,14 +24,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Union
 
-from dataservice.cli import PARENT_PIPE_ENV
+from dataservice.cli import OWNED_DIR_ENV, PARENT_PIPE_ENV
 
 _PORT_LINE = re.compile(r"listening on port (\d+)(?:, monitoring on port (\d+))?")
 
 
 class ServerProcess:
     """One `data-server` process. Its stderr is kept (the last lines) for error reports.
-    `launcher` prefixes the command (["ip", "netns", "exec", "ns1"] runs it on a test host)."""
+    `launcher` prefixes the command (["ip", "netns", "exec", "ns1"] runs it on a test host).
+    `owned_dir`: a directory made for the server, which it removes if this process dies first."""
 
     def __init__(
         self,
@@ -39,8 +40,11 @@ class ServerProcess:
         start_timeout_s: float = 120.0,
         env: dict | None = None,
         launcher: Sequence[str] = (),
+        owned_dir: str | None = None,
     ):
         env = dict(os.environ if env is None else env)
+        if owned_dir is not None:
+            env[OWNED_DIR_ENV] = owned_dir
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["PYTHONUNBUFFERED"] = "1"
         # The server stops when this process dies, however it dies: it watches a pipe whose write
@@ -183,7 +187,12 @@ class LocalCluster:
 
     def _start_dispatcher(self, port: int) -> Server:
         if self.processes:
-            return ServerProcess("--role=dispatcher", f"--port={port}", *config_flags(self._dispatcher_options))
+            return ServerProcess(
+                "--role=dispatcher",
+                f"--port={port}",
+                *config_flags(self._dispatcher_options),
+                owned_dir=self._tmp.name if self._tmp is not None else None,
+            )
         import dataservice
 
         return dataservice.DispatchServer(dataservice.DispatcherConfig(port=port, **self._dispatcher_options))

@@ -101,21 +101,24 @@ _OWNER = """
 import os, sys, time
 from dataservice.local_cluster import LocalCluster
 cluster = LocalCluster(1)
-print(cluster.dispatcher.proc.pid, *(w.proc.pid for w in cluster.workers), flush=True)
+print(cluster.work_dir, cluster.dispatcher.proc.pid, *(w.proc.pid for w in cluster.workers), flush=True)
 time.sleep(600)
 """
 
 
 def test_server_processes_exit_when_their_owner_is_killed():
     """A LocalCluster's data-server processes stop when the process holding it dies, even by
-    SIGKILL (no chance to stop them), rather than run on orphaned."""
+    SIGKILL (no chance to stop them), rather than run on orphaned, and the temporary work_dir
+    the cluster made is removed."""
     import psutil
 
     env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        pids = [int(pid) for pid in owner.stdout.readline().split()]
+        work_dir, *pids = owner.stdout.readline().split()
+        pids = [int(pid) for pid in pids]
         assert len(pids) == 2, "the owner did not start its cluster"
+        assert os.path.isdir(work_dir)
         servers = [psutil.Process(pid) for pid in pids]
         assert all(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in servers)
     finally:
@@ -125,3 +128,4 @@ def test_server_processes_exit_when_their_owner_is_killed():
     for server in alive:
         server.kill()
     assert not alive, f"orphaned server processes: {[s.pid for s in alive]}"
+    assert not os.path.exists(work_dir), "the cluster's temporary work_dir was left behind"
