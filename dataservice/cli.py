@@ -101,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="worker: the window of elements trainers share per task (cross_trainer_cache; default 10 GiB)",
     )
+    parser.add_argument(
+        "--memory_budget_bytes",
+        type=int,
+        help="worker: what task buffers, cache windows and unacknowledged messages may hold together "
+        "(default: half the memory the worker may use)",
+    )
     parser.add_argument("--protocol", choices=["grpc", "grpc+tls"], help="grpc+tls: serve (and call) over TLS")
     parser.add_argument("--tls_cert_file", help="grpc+tls: the server's PEM certificate")
     parser.add_argument("--tls_key_file", help="grpc+tls: the server's PEM key")

@@ -7,6 +7,7 @@ server never starts on a configuration it cannot honour.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 
 from dataservice.rpc import auth, tls
@@ -25,6 +26,11 @@ DEFAULT_MAX_GRAPH_BYTES = 1024 * 1024 * 1024
 DEFAULT_GRAPH_MEMORY_BYTES = 2 * 1024**3
 # As TensorFlow's: the window of one task's elements that trainers share.
 DEFAULT_CROSS_TRAINER_CACHE_BYTES = 10 * 1024**3
+# A worker's default memory budget (WorkerConfig.memory_budget_bytes): this share of the memory it
+# may use (the rest: TensorFlow, the pipelines' own buffers such as shuffle's, the process itself).
+DEFAULT_MEMORY_BUDGET_SHARE = 0.5
+# cgroup v2 writes "max" for no limit, cgroup v1 a number near 2**63.
+_NO_CGROUP_LIMIT = 2**60
 
 
 def _check_port(port: int) -> None:
@@ -284,6 +290,10 @@ class WorkerConfig:
       worker uses auth_token_file's token for those too.
     cross_trainer_cache_size_bytes: the window of each task read with cross_trainer_cache
       (worker/cross_trainer_cache.py); None: 10 GiB, as TensorFlow's.
+    memory_budget_bytes: what the tasks' buffers, cross-trainer cache windows and the messages
+      clients have not acknowledged may hold together (worker/memory_budget.py): each running
+      task gets an equal share, so buffers shrink as tasks are added, and no task is refused.
+      None: half the memory the worker may use (its container's limit, else the machine's).
     data_roots: directories the worker's pipelines may read files under, and nothing else
       (worker/sandbox.py: the kernel's Landlock, set up before the worker starts threads, so
       a worker with data_roots runs as its own process); None: reads are unrestricted, as in
@@ -312,6 +322,7 @@ class WorkerConfig:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None
     cross_trainer_cache_size_bytes: int | None = None
+    memory_budget_bytes: int | None = None
     worker_tags: Sequence[str] | None = None
     data_roots: Sequence[str] | None = None
 
@@ -319,6 +330,11 @@ class WorkerConfig:
         _check_bool("allow_unsafe_ops", self.allow_unsafe_ops)
         if self.data_roots is not None:
             object.__setattr__(self, "data_roots", _absolute_paths("data_roots", self.data_roots))
+        budget = self.memory_budget_bytes
+        if budget is None:
+            object.__setattr__(self, "memory_budget_bytes", default_memory_budget_bytes())
+        elif not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
+            raise ValueError(f"memory_budget_bytes must be a positive integer or None, got {budget!r}")
         cache = self.cross_trainer_cache_size_bytes
         if cache is None:
             object.__setattr__(self, "cross_trainer_cache_size_bytes", DEFAULT_CROSS_TRAINER_CACHE_BYTES)
@@ -367,3 +383,22 @@ class WorkerConfig:
             "dispatcher_timeout_ms",
             _milliseconds("dispatcher_timeout_ms", self.dispatcher_timeout_ms, DEFAULT_DISPATCHER_TIMEOUT_MS),
         )
+
+
+def memory_limit_bytes() -> int:
+    """The memory this process may use: its cgroup's limit (a container's memory limit) where it
+    has one, else the machine's physical memory."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit() and int(value) < _NO_CGROUP_LIMIT:
+            return min(int(value), physical)
+    return physical
+
+
+def default_memory_budget_bytes() -> int:
+    return int(memory_limit_bytes() * DEFAULT_MEMORY_BUDGET_SHARE)

@@ -253,7 +253,8 @@ class WorkerCollector:
 
     def __init__(self, read: Callable[[], dict[str, Any]]):
         """`read` returns {"running_tasks", "buffered_elements", "buffered_bytes",
-        "buffer_capacity_bytes", "unacknowledged_bytes", "produced": {dataset: (elements, bytes, seconds)},
+        "buffer_capacity_bytes", "memory_budget_bytes", "unacknowledged_bytes",
+        "produced": {dataset: (elements, bytes, seconds)},
         "sent": {protocol: (elements, bytes)}, "open_streams": {protocol: n},
         "shared_memory": {"ring_bytes", "messages", "inline_messages"}}."""
         self._read = read
@@ -273,6 +274,11 @@ class WorkerCollector:
             "dataservice_worker_buffer_capacity_bytes",
             "Bytes the running tasks may buffer in all",
             data["buffer_capacity_bytes"],
+        )
+        yield _gauge(
+            "dataservice_worker_memory_budget_bytes",
+            "What the task buffers, cache windows and unacknowledged messages may hold together (memory_budget_bytes)",
+            data["memory_budget_bytes"],
         )
         yield _gauge(
             "dataservice_worker_unacknowledged_bytes",

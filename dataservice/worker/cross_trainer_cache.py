@@ -33,7 +33,9 @@ _PRUNE_EVERY_S = 10.0
 
 class CachingTaskRunner(TaskRunner):
     def __init__(self, *args, cache_bytes: int = DEFAULT_CROSS_TRAINER_CACHE_BYTES, **kwargs):
-        # Set before the producer thread starts (in TaskRunner's constructor).
+        # Set before the producer thread starts (in TaskRunner's constructor). The window's own
+        # limit, and what it may hold now (less while the worker's memory budget is shared).
+        self._cache_limit_bytes = cache_bytes
         self._cache_bytes = cache_bytes
         self._first = 0  # the index of the oldest element in the window (_buffer[0])
         self._positions: dict[str, int] = {}
@@ -57,18 +59,30 @@ class CachingTaskRunner(TaskRunner):
         ahead = self._end() - self._furthest()
         element_size = max(size // max(elements, 1), 1)
         limit = max(1, min(READ_AHEAD_ELEMENTS, self._max_elements, self._cache_bytes // (2 * element_size)))
-        return ahead >= limit or (ahead > 0 and ahead * element_size >= self._max_bytes)
+        return ahead >= limit or (ahead > 0 and (ahead * element_size >= self._max_bytes or self._pool_is_full(size)))
 
     def _store(self, chunk: Chunk, size: int) -> None:
         # Trainers read from positions of their own: the window holds elements one by one.
         for element in chunk.split():
             super()._store(element, element.nbytes if chunk.num_elements > 1 else size)
+        self._trim_window()
+
+    def _trim_window(self) -> None:
+        """Drops the oldest elements beyond the window's size that every trainer has read. Call
+        with self._cond held."""
         furthest = self._furthest()
         while self._buffered_bytes > self._cache_bytes and len(self._buffer) > 1 and self._first < furthest:
             _, size = self._buffer.popleft()
-            self._buffered_bytes -= size
+            self._hold(-size)
             self._buffered_elements -= 1
             self._first += 1
+
+    def set_memory_share(self, nbytes: int) -> None:
+        """As TaskRunner's, for the window: it shrinks at once to what the share allows."""
+        with self._cond:
+            self._cache_bytes = max(1, min(self._cache_limit_bytes, nbytes))
+            self._trim_window()
+        super().set_memory_share(nbytes)
 
     def _forget_idle_trainers(self) -> None:
         """Drops the positions of trainers that have asked for nothing for TRAINER_IDLE_S (at

@@ -22,6 +22,7 @@ import collections
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 
 from dataservice import status
 from dataservice.transfer.chunk import Chunk
@@ -54,7 +55,10 @@ class Delivery:
     """One client's messages of one task, sent and not yet acknowledged, in order; and which
     stream sends them now (a reconnect supersedes the stream it replaces)."""
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, count: Callable[[int], None] | None = None) -> None:
+        """`count(delta)` is told each change of what the client holds unacknowledged (the
+        worker's memory pool, memory_budget.py)."""
+        self._count = count
         self._cond = threading.Condition()
         self._messages: collections.deque[SentMessage] = collections.deque()
         self._by_first: dict[int, SentMessage] = {}
@@ -108,7 +112,7 @@ class Delivery:
             self._sent += count
             self._messages.append(message)
             self._by_first[message.first] = message
-            self._unacknowledged_bytes += nbytes
+            self._change_unacknowledged(nbytes)
             return message
 
     def end(self) -> None:
@@ -134,17 +138,43 @@ class Delivery:
         while self._messages and self._messages[0].end <= received:
             message = self._messages.popleft()
             del self._by_first[message.first]
-            self._unacknowledged_bytes -= message.nbytes
+            self._change_unacknowledged(-message.nbytes)
+
+    def _change_unacknowledged(self, nbytes: int) -> None:
+        self._unacknowledged_bytes += nbytes
+        if self._count is not None:
+            self._count(nbytes)
+
+    def uncount(self) -> None:
+        """The record is dropped: what it holds leaves the count (and later changes stay out)."""
+        with self._cond:
+            if self._count is not None:
+                self._count(-self._unacknowledged_bytes)
+                self._count = None
 
     def wait_acknowledged(self, position: int, timeout_s: float) -> bool:
         """Waits up to `timeout_s` for the client to acknowledge the elements before `position`."""
         with self._cond:
             return self._cond.wait_for(lambda: self._acknowledged >= position, timeout_s)
 
-    def wait_for_room(self, timeout_s: float) -> bool:
-        """Waits up to `timeout_s` until the client holds less than MAX_UNACKNOWLEDGED_BYTES."""
+    def wait_for_room(
+        self,
+        timeout_s: float,
+        limit_bytes: int = MAX_UNACKNOWLEDGED_BYTES,
+        pool_has_room: Callable[[], bool] = lambda: True,
+    ) -> int:
+        """Waits up to `timeout_s` until the client holds less than `limit_bytes` unacknowledged
+        (its share of the worker's memory budget, memory_budget.py) and the worker's pool has
+        room, or the client holds nothing unacknowledged (then it gets a message whatever the
+        pool). Returns what the client holds unacknowledged then, or -1 if it never had room.
+        (Room made in the pool by other clients is seen at the timeout.)"""
+
+        def room() -> bool:
+            held = self._unacknowledged_bytes
+            return held == 0 or (held < limit_bytes and pool_has_room())
+
         with self._cond:
-            return self._cond.wait_for(lambda: self._unacknowledged_bytes < MAX_UNACKNOWLEDGED_BYTES, timeout_s)
+            return self._unacknowledged_bytes if self._cond.wait_for(room, timeout_s) else -1
 
     def unacknowledged_bytes(self) -> int:
         with self._cond:
@@ -161,6 +191,8 @@ class Deliveries:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[tuple[int, int], Delivery] = {}
+        self._count: Callable[[int], None] | None = None
+        self._clients_per_task: collections.Counter[int] = collections.Counter()
 
     def attach(self, task_id: int, client_id: int, received: int) -> tuple[Delivery, int]:
         """The client's record of the task (new if it has none and received nothing) and the
@@ -177,7 +209,8 @@ class Deliveries:
                         f"{task_id} after its element {received} (a client's record is kept {RETAIN_S:.0f} s "
                         "after its last stream): elements in flight then may be lost",
                     )
-                delivery = self._records[(task_id, client_id)] = Delivery(time.monotonic())
+                delivery = self._records[(task_id, client_id)] = Delivery(time.monotonic(), self._count)
+                self._clients_per_task[task_id] += 1
         try:
             return delivery, delivery.attach(received)
         except ValueError as e:
@@ -190,7 +223,19 @@ class Deliveries:
         """Drops the task's records (the dispatcher stopped it: no client reads it any more)."""
         with self._lock:
             for key in [k for k in self._records if k[0] == task_id]:
-                del self._records[key]
+                self._records.pop(key).uncount()
+            self._clients_per_task.pop(task_id, None)
+
+    def count_into(self, count: Callable[[int], None]) -> None:
+        """Records made from now on tell `count` each change of what their clients hold
+        unacknowledged (the worker's memory pool)."""
+        with self._lock:
+            self._count = count
+
+    def clients_of(self, task_id: int) -> int:
+        """How many clients have a record of the task."""
+        with self._lock:
+            return self._clients_per_task.get(task_id, 0)
 
     def tasks(self) -> set[int]:
         """The tasks some client still has a record of."""
@@ -202,7 +247,10 @@ class Deliveries:
         now = time.monotonic()
         with self._lock:
             for key in [k for k, d in self._records.items() if d.expired(now)]:
-                del self._records[key]
+                self._records.pop(key).uncount()
+                self._clients_per_task[key[0]] -= 1
+                if self._clients_per_task[key[0]] <= 0:
+                    del self._clients_per_task[key[0]]
 
     def unacknowledged_bytes(self) -> int:
         """Bytes sent and not yet acknowledged, over every record (for metrics)."""

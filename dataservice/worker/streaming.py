@@ -17,10 +17,12 @@ from collections.abc import Callable, Iterator
 from google.protobuf.message import Message
 
 from dataservice import status
+from dataservice.config import default_memory_budget_bytes
 from dataservice.rpc import peers
 from dataservice.transfer import compression, local, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
 from dataservice.worker.delivery import Deliveries, Delivery, SentMessage
+from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.task_book import TaskBook
 from dataservice.worker.task_runner import TaskRunner
 
@@ -84,7 +86,8 @@ class TransferStats:
 class StreamContext:
     """What serving a task's elements needs from its worker: its address (for messages), its
     tasks, how to report a task whose elements were all handed out (without waiting), where to
-    count what was sent, and what each client has not acknowledged yet."""
+    count what was sent, what each client has not acknowledged yet, and the memory budget that
+    bounds it (memory_budget.py)."""
 
     worker_address: str
     tasks: TaskBook
@@ -92,6 +95,10 @@ class StreamContext:
     transfer: TransferStats = dataclasses.field(default_factory=TransferStats)
     limiter: peers.KeyedLimiter = dataclasses.field(default_factory=lambda: peers.KeyedLimiter(MAX_STREAMS_PER_CLIENT))
     deliveries: Deliveries = dataclasses.field(default_factory=Deliveries)
+    budget: MemoryBudget = dataclasses.field(default_factory=lambda: MemoryBudget(default_memory_budget_bytes()))
+
+    def __post_init__(self) -> None:
+        self.deliveries.count_into(self.budget.count_unacknowledged)
 
 
 def pipeline_error(task_id: int, address: str, error: BaseException) -> str:
@@ -203,7 +210,11 @@ def stream_task(
             if message is None:
                 # Recorded, then sent from the record at its turn: a stream this one replaced may
                 # record a message of its own meanwhile, which goes first.
-                sender.take()
+                if sender.take():
+                    # No room until the client acknowledges what it holds, and a client that has
+                    # granted every credit it has sends no request (with its acknowledgement) of
+                    # its own: ask for one.
+                    yield from sender.ask_to_acknowledge(position)
                 continue
             yield sender.encode(message)
             position = message.end
@@ -234,22 +245,35 @@ class _Sender:
         self._max_elements = request.max_elements_per_message or DEFAULT_MAX_ELEMENTS_PER_MESSAGE
         self._linger_s = 0.0  # the first message goes out at once: time to first element matters
         self._asked_at = -1
+        # Whether the client was asked to acknowledge since the last message was recorded.
+        self._acknowledgement_asked = False
 
-    def take(self) -> None:
+    def take(self) -> bool:
         """Records a message of new elements in the delivery, unless there are no credits, no room,
-        nothing produced yet, or the task is done (then the delivery has ended). Raises
+        nothing produced yet, or the task is done (then the delivery has ended). Returns whether
+        it found no room while the client holds unacknowledged elements. Raises
         status.ServiceError."""
         runner, task_id = self._runner, self._request.task_id
         assert runner is not None
         allowed = self._credits.wait(_TAKE_POLL_S)
         if not allowed and runner.done:
             allowed = 1  # nothing is left to send: the end needs no credits
-        if not allowed or not self._delivery.wait_for_room(_TAKE_POLL_S):
-            return
+        if not allowed:
+            return False
+        budget = self._worker.budget
+        share = budget.unacknowledged_share(self._worker.deliveries.clients_of(task_id))
+        # Without room, ask the client for its acknowledgement at once; once asked, wait.
+        timeout_s = _TAKE_POLL_S if self._acknowledgement_asked else 0.0
+        held = self._delivery.wait_for_room(timeout_s, share, lambda: budget.unacknowledged_left() > 0)
+        if held < 0:
+            asked, self._acknowledgement_asked = self._acknowledgement_asked, True
+            return not asked
+        # A message is cut to the room left (at least one element is sent, however large).
+        max_bytes = min(MAX_BYTES_PER_MESSAGE, max(1, min(share - held, budget.unacknowledged_left())))
         try:
             chunks, done = runner.take(
                 min(self._max_elements, allowed),
-                MAX_BYTES_PER_MESSAGE,
+                max_bytes,
                 _TAKE_POLL_S,
                 self._linger_s,
                 self._request.trainer_id,
@@ -260,11 +284,13 @@ class _Sender:
             raise status.ServiceError(status.code_of(e), message) from None
         if chunks:
             self._delivery.record(chunks, runner.codec)
+            self._acknowledgement_asked = False
         if done:
             self._delivery.end()
             self._worker.report_finished(task_id)
         elif not chunks and runner.stopped:
             raise status.ServiceError(status.Code.CANCELLED, stopped_message(task_id))
+        return False
 
     def encode(self, message: SentMessage) -> Response:
         self._credits.spend(message.count)

@@ -2,8 +2,10 @@
 
 One lock guards all three, so that a task is never both running and finished
 and a stream waiting for a task wakes as soon as it starts. The book holds
-no threads and makes no calls: the worker starts and stops runners and talks
-to the dispatcher; streams look tasks up here.
+no threads and makes no remote calls: the worker starts and stops runners and
+talks to the dispatcher; streams look tasks up here. The running tasks share
+the worker's memory budget (memory_budget.py): the book adds a runner to it
+when it starts and takes it out when it finishes or is removed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from dataservice import read_keys
+from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.task_runner import TaskRunner
 
@@ -22,10 +25,12 @@ _WAIT_POLL_S = 0.2
 
 class TaskBook:
     """`on_unknown_task` is called while a stream waits for a task the worker has not heard
-    of (the worker then heartbeats at once rather than at its next interval)."""
+    of (the worker then heartbeats at once rather than at its next interval); `budget` is the
+    memory budget its running tasks share (None: none)."""
 
-    def __init__(self, on_unknown_task: Callable[[], None] = lambda: None):
+    def __init__(self, on_unknown_task: Callable[[], None] = lambda: None, budget: MemoryBudget | None = None):
         self._on_unknown_task = on_unknown_task
+        self._budget = budget
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._runners: dict[int, TaskRunner] = {}
@@ -56,6 +61,9 @@ class TaskBook:
                 return None
             runner, round_robin = start()
             self._runners[task_id] = runner
+            if self._budget is not None:
+                self._budget.add(runner)
+            runner.start_producing()  # (for a runner made with produce_now=False: now it has its share)
             self._secrets[task_id] = secret
             if round_robin is not None:
                 self._round_robins[task_id] = round_robin
@@ -72,6 +80,7 @@ class TaskBook:
             self._unreported.add(task_id)
             self._round_robins.pop(task_id, None)
             runner = self._runners.pop(task_id, None)
+            self._leave_budget(runner)
             self._changed.notify_all()
             return runner
 
@@ -109,7 +118,13 @@ class TaskBook:
         with self._lock:
             self._secrets.pop(task_id, None)
             self._round_robins.pop(task_id, None)
-            return self._runners.pop(task_id, None)
+            runner = self._runners.pop(task_id, None)
+            self._leave_budget(runner)
+            return runner
+
+    def _leave_budget(self, runner: TaskRunner | None) -> None:
+        if runner is not None and self._budget is not None:
+            self._budget.remove(runner)
 
     def close(self) -> list[TaskRunner]:
         """Forgets every running task and refuses new ones; returns the runners to stop."""
@@ -118,6 +133,8 @@ class TaskBook:
             runners = list(self._runners.values())
             self._runners.clear()
             self._round_robins.clear()
+            for runner in runners:
+                self._leave_budget(runner)
             self._changed.notify_all()
             return runners
 

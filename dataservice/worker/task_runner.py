@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,10 +23,16 @@ from dataservice.transfer.chunk import Chunk
 from dataservice.transfer.wire import ElementCodec
 from dataservice.worker.chunk_iterator import ChunkIterator
 
+if TYPE_CHECKING:
+    from dataservice.worker.memory_budget import MemoryBudget
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_ELEMENTS = 8192
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
+# A producer waiting for room in the worker's memory pool looks again at least this often (it is
+# woken when room is made; this is the backstop).
+_POOL_RECHECK_S = 1.0
 
 
 class ProductionTotals:
@@ -74,7 +81,10 @@ class TaskRunner:
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         dataset_id: str = "",
         totals: ProductionTotals | None = None,
+        produce_now: bool = True,
     ):
+        """`produce_now=False`: the producer starts at start_producing(), for an owner that first
+        gives the buffer its share of the worker's memory budget (task_book.py)."""
         self.task_id = task_id
         self.dataset_id = dataset_id
         self.codec = codec
@@ -88,7 +98,13 @@ class TaskRunner:
             totals.add(self)
         self._make_chunks = make_chunks
         self._max_elements = buffer_elements
+        # The buffer's own limit, and what it may hold now: less while the worker's memory
+        # budget is shared among many tasks (memory_budget.py).
+        self._limit_bytes = buffer_bytes
         self._max_bytes = buffer_bytes
+        # The worker's memory pool the buffer's bytes count in (memory_budget.py), once it joins.
+        self._pool: MemoryBudget | None = None
+        self._waiting = False  # the producer waits for room
         # Chunks and their bytes, oldest first; what they hold in all.
         self._buffer: collections.deque[tuple[Chunk, int]] = collections.deque()
         self._buffered_elements = 0
@@ -98,6 +114,16 @@ class TaskRunner:
         self._stopped = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._produce, name=f"task-{task_id}", daemon=True)
+        self._producing = False
+        if produce_now:
+            self.start_producing()
+
+    def start_producing(self) -> None:
+        """Starts the producer thread (once)."""
+        with self._cond:
+            if self._producing:
+                return
+            self._producing = True
         self._thread.start()
 
     def _produce(self) -> None:
@@ -122,7 +148,9 @@ class TaskRunner:
                 self.bytes_produced += size
                 with self._cond:
                     while not self._stopped and self._must_wait(chunk.num_elements, size):
-                        self._cond.wait()
+                        self._waiting = True
+                        self._cond.wait(_POOL_RECHECK_S if self._pool is not None else None)
+                    self._waiting = False
                     if self._stopped:
                         return
                     self._store(chunk, size)
@@ -153,14 +181,25 @@ class TaskRunner:
     def _must_wait(self, elements: int, size: int) -> bool:
         """Whether the producer waits before storing a chunk of `elements` and `size` bytes (lock held)."""
         return bool(self._buffer) and (
-            self._buffered_elements + elements > self._max_elements or self._buffered_bytes + size > self._max_bytes
+            self._buffered_elements + elements > self._max_elements
+            or self._buffered_bytes + size > self._max_bytes
+            or self._pool_is_full(size)
         )
 
     def _store(self, chunk: Chunk, size: int) -> None:
         """Stores a chunk the producer made (lock held)."""
         self._buffer.append((chunk, size))
         self._buffered_elements += chunk.num_elements
-        self._buffered_bytes += size
+        self._hold(size)
+
+    def _hold(self, nbytes: int) -> None:
+        """The buffer holds `nbytes` more (fewer, if negative), counted in the pool too (lock held)."""
+        self._buffered_bytes += nbytes
+        if self._pool is not None:
+            self._pool.hold(nbytes)
+
+    def _pool_is_full(self, size: int) -> bool:
+        return self._pool is not None and not self._pool.has_room(size)
 
     def _exhausted_error(self) -> BaseException | None:
         """The error the end of the pipeline's elements is, if it is one."""
@@ -210,7 +249,7 @@ class TaskRunner:
                     self._buffer.appendleft((rest, rest.nbytes))
                     size -= rest.nbytes
                 self._buffered_elements -= fits
-                self._buffered_bytes -= size
+                self._hold(-size)
                 taken.append(chunk)
                 count += fits
                 taken_bytes += size
@@ -218,7 +257,10 @@ class TaskRunner:
                 self._cond.notify_all()
             elif self._error is not None:
                 raise self._error
-            return taken, self._exhausted and not self._buffer
+            done = self._exhausted and not self._buffer
+        if taken and self._pool is not None:
+            self._pool.freed()
+        return taken, done
 
     def buffered(self) -> tuple[int, int]:
         """(elements, bytes) produced and not yet taken by a client."""
@@ -228,6 +270,25 @@ class TaskRunner:
     @property
     def capacity_bytes(self) -> int:
         return self._max_bytes
+
+    def set_memory_share(self, nbytes: int) -> None:
+        """The task's share of the worker's memory budget for its buffer: it holds at most that
+        (or its own limit, if smaller) from now on; what it holds beyond is drained, not dropped."""
+        with self._cond:
+            self._max_bytes = max(1, min(self._limit_bytes, nbytes))
+            self._cond.notify_all()
+
+    def join_pool(self, pool: MemoryBudget) -> None:
+        """Counts the buffer's bytes in the worker's memory pool from now on."""
+        with self._cond:
+            self._pool = pool
+            pool.hold(self._buffered_bytes)
+
+    def pool_freed(self) -> None:
+        """Room was made in the pool: a producer waiting looks again."""
+        if self._waiting:
+            with self._cond:
+                self._cond.notify_all()
 
     @property
     def stopped(self) -> bool:
@@ -244,8 +305,11 @@ class TaskRunner:
         with self._cond:
             self._stopped = True
             self._buffer.clear()
-            self._buffered_elements = self._buffered_bytes = 0
+            self._buffered_elements = 0
+            self._hold(-self._buffered_bytes)
             self._cond.notify_all()
+        if self._pool is not None:
+            self._pool.freed()
 
 
 def _fitting(chunk: Chunk, size: int, max_elements: int, max_bytes: int, first: bool) -> int:

@@ -38,6 +38,7 @@ from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator
 from dataservice.worker.cross_trainer_cache import CACHE_CHUNK_ELEMENTS, CachingTaskRunner
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
 from dataservice.worker.grpc_servicer import WorkerServicer
+from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.snapshot_writer import SnapshotWriters
 from dataservice.worker.split_fetcher import SplitFetcher
@@ -84,9 +85,12 @@ class WorkerServer:
         self._heartbeat_now = threading.Event()
         # This process's id for the dispatcher: a worker restarted at the same address is a new one.
         self._uid = random.getrandbits(63) | 1
-        self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set)
+        self._budget = MemoryBudget(config.memory_budget_bytes)
+        self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set, budget=self._budget)
         self._production = ProductionTotals()
-        self._streams = streams = streaming.StreamContext(self.address, self._tasks, self.report_finished)
+        self._streams = streams = streaming.StreamContext(
+            self.address, self._tasks, self.report_finished, budget=self._budget
+        )
         self._servicer = WorkerServicer(streams, start_task=self.start_task, prepare_dataset=self.prepare_dataset)
         grpc_service.add_worker_service(self._server, self._servicer)
         # Ready (SERVING) once registered with the dispatcher.
@@ -317,6 +321,7 @@ class WorkerServer:
                     dataset_id=task.dataset_id,
                     totals=self._production,
                     cache_bytes=self._config.cross_trainer_cache_size_bytes,
+                    produce_now=False,
                 )
             else:
                 runner = TaskRunner(
@@ -325,6 +330,7 @@ class WorkerServer:
                     codec,
                     dataset_id=task.dataset_id,
                     totals=self._production,
+                    produce_now=False,
                 )
             rounds = RoundRobinServer(runner, task.num_consumers, task.starting_round) if task.num_consumers else None
             return runner, rounds
@@ -393,6 +399,7 @@ class WorkerServer:
             "buffered_elements": sum(b[0] for b in buffered),
             "buffered_bytes": sum(b[1] for b in buffered),
             "buffer_capacity_bytes": sum(runner.capacity_bytes for runner in runners),
+            "memory_budget_bytes": self._budget.total_bytes,
             "unacknowledged_bytes": self._streams.deliveries.unacknowledged_bytes(),
             "produced": self._production.by_dataset(),
             "sent": sent,

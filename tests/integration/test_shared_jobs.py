@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO_ROOT, in_process_cluster, wait_for_workers
+from conftest import REPO_ROOT, in_process_cluster, scrape, total, wait_for_workers
 
 import dataservice as service
 from dataservice import tf_internal
@@ -428,3 +428,34 @@ def test_slow_client_of_large_elements_keeps_worker_and_client_memory_flat(capsy
         # The worker buffers at most 64 MiB, the client 8 elements: neither grows with time.
         assert worker_late - worker_early < 48, samples
         assert client_late - client_early < 48, samples
+
+
+def test_a_workers_memory_budget_bounds_the_buffers_of_many_tasks(capsys):
+    """Eight jobs of 1 MiB elements on one worker whose memory_budget_bytes is 48 MiB, their
+    clients reading nothing after the first element: the worker's task buffers and what its
+    clients hold unacknowledged stay within the budget (plus a chunk and a message per task),
+    where each task's own 64 MiB would allow 512 MiB; every client then reads on in order."""
+    budget = 48 << 20
+    options = {"memory_budget_bytes": budget, "monitoring_port": 0}
+    with LocalCluster(num_workers=1, worker_options=options) as cluster:
+        wait_for_workers(cluster.address, 1)
+        ds = tf.data.Dataset.range(10**6).map(lambda i: tf.fill([1 << 18], tf.cast(i, tf.float32)))
+        iterators = [iter(ds.apply(service.distribute("parallel_epochs", cluster.target))) for _ in range(8)]
+        assert [float(next(it)[0]) for it in iterators] == [0.0] * 8
+        port = cluster.workers[0].monitoring_port
+        held = []
+        for _ in range(6):  # the buffers fill within a few seconds; then they stay
+            time.sleep(0.5)
+            samples = scrape(port)
+            held.append(
+                total(samples, "dataservice_worker_buffered_bytes")
+                + total(samples, "dataservice_worker_unacknowledged_bytes")
+            )
+        assert total(samples, "dataservice_worker_memory_budget_bytes") == budget
+        assert total(samples, "dataservice_worker_running_tasks") == 8
+        with capsys.disabled():
+            print(f"\n  8 idle 1 MiB tasks under a 48 MiB budget hold (MiB): {[round(h / 2**20) for h in held]}")
+        assert max(held) <= budget + 8 * 2 * (1 << 20), held
+        assert max(held) >= 8 << 20, "the tasks did not fill their shares: the test measured nothing"
+        for it in iterators:
+            assert [float(next(it)[0]) for _ in range(20)] == [float(i) for i in range(1, 21)]

@@ -9,6 +9,10 @@ from dataservice.worker.task_book import TaskBook
 class FakeRunner:
     def __init__(self, task_id):
         self.task_id = task_id
+        self.producing = False
+
+    def start_producing(self):
+        self.producing = True
 
 
 def start(task_id, rounds=None):
