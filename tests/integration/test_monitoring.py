@@ -24,7 +24,7 @@ from dataservice.dispatcher import journal
 from dataservice.local_cluster import LocalCluster
 from dataservice.monitoring.health import LIVENESS_SERVICE
 from dataservice.rpc.dispatcher_client import DispatcherClient
-from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc, journal_pb2
+from dataservice.v1 import dispatcher_pb2, dispatcher_pb2_grpc, journal_pb2, worker_pb2, worker_pb2_grpc
 
 
 def health(port: int, service: str = "") -> str:
@@ -78,6 +78,13 @@ def test_metrics_move_while_a_job_runs(tmp_path):
         # A request that fails is counted under its code.
         with pytest.raises(tf.errors.NotFoundError):
             DispatcherClient(cluster.address, 5).get_data_service_metadata("no-such-dataset")
+        # A call each worker surely serves (a task may reach a worker by its heartbeat's answer
+        # rather than by a ProcessTask push): the dispatcher's PrepareDataset.
+        for worker in cluster.workers:
+            with grpc.insecure_channel(worker.address) as channel:
+                worker_pb2_grpc.WorkerServiceStub(channel).PrepareDataset(
+                    worker_pb2.PrepareDatasetRequest(dataset_id="1"), timeout=10
+                )
         after = scrape(dispatcher_port)
         workers_after = [scrape(p) for p in worker_ports]
 
@@ -112,7 +119,7 @@ def test_metrics_move_while_a_job_runs(tmp_path):
                 samples, "dataservice_worker_elements_produced_total"
             )
             assert total(samples, "dataservice_worker_open_streams", protocol="local") == 1
-            assert total(samples, "dataservice_rpc_duration_seconds_count", method="ProcessTask") >= 1
+            assert total(samples, "dataservice_rpc_duration_seconds_count", method="PrepareDataset") >= 1
         del iterator
 
 

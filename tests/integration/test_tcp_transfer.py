@@ -125,7 +125,10 @@ def test_garbage_on_the_data_port_closes_that_connection_only(cluster, garbage, 
     with tcp.connect(address, 10) as sock:
         sock.settimeout(10)
         sock.sendall(garbage)
-        sock.shutdown(socket.SHUT_WR)
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the worker answered an oversized header and closed before the rest was read
         if code is None:
             try:
                 assert sock.recv(1) == b""  # the worker hung up, without an answer
