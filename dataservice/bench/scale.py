@@ -2,15 +2,21 @@
 
 The transport-free DispatcherCore makes this possible without sockets: N
 simulated workers register and heartbeat, 200 clients (20 named
-distributed_epoch jobs, 10 clients each) heartbeat, and the jobs' tasks ask
-for split ranges, round after round, exactly as the gRPC servicer would call
-the core. For each N the CPU time per worker heartbeat, per client heartbeat
-and per split request is measured (time.process_time: what the dispatcher's
-Python spends, the quantity that caps how many peers one dispatcher serves),
-with and without a journal; with a journal, appends per second (each append
-is fsynced: the disk's latency, not the CPU, bounds it).
+distributed_epoch jobs, 10 clients each; `clients_per_job` changes it)
+heartbeat, and the jobs' tasks ask for split ranges, round after round,
+exactly as the gRPC servicer would call the core. For each N the CPU time per
+worker heartbeat, per client heartbeat and per split request is measured
+(time.process_time: what the dispatcher's Python spends, the quantity that
+caps how many peers one dispatcher serves), with and without a journal; with
+a journal, appends per second (each append is fsynced: the disk's latency,
+not the CPU, bounds it). Client heartbeats are measured twice: as clients
+send them, with the tasks_version of their last answer (the answer holds only
+the tasks that changed: none, between rounds), and with none (every task of
+the iteration, as a client's first heartbeat and every heartbeat before
+deltas), with p50 and p99 of each call's wall time.
 
     python -m dataservice.bench --workloads 7
+    python -m dataservice.bench.scale 1000 10000 --clients-per-job 50   # 1,000 clients
 """
 
 from __future__ import annotations
@@ -56,7 +62,12 @@ class ScaleResult:
     journal: bool
     tasks: int
     worker_heartbeat_us: float
+    # CPU per client heartbeat with the last answer's tasks_version, and with none (every task).
     client_heartbeat_us: float
+    client_full_heartbeat_us: float
+    # Wall time per client heartbeat call (ms): p50 and p99, with and without the version.
+    client_heartbeat_ms: tuple[float, float]
+    client_full_heartbeat_ms: tuple[float, float]
     split_request_us: float
     # Journal appends (fsynced) per second of wall time while split requests ran; 0 without a journal.
     journal_appends_per_s: float
@@ -70,11 +81,23 @@ def _cpu_us(calls: list[Callable[[], object]]) -> float:
     return (time.process_time() - start) / max(1, len(calls)) * 1e6
 
 
+def _percentiles_ms(calls: list[Callable[[], object]]) -> tuple[float, float]:
+    """p50 and p99 of each call's wall time, in milliseconds."""
+    times = []
+    for call in calls:
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]
+
+
 def simulate(
     num_workers: int,
     rounds: int = 3,
     split_requests_per_round: int = 2000,
     journal_dir: pathlib.Path | None = None,
+    clients_per_job: int = CLIENTS_PER_JOB,
 ) -> ScaleResult:
     """One run at `num_workers` workers; see the module docstring."""
     clock = _Clock()
@@ -95,8 +118,12 @@ def simulate(
         clients: list[int] = []
         keys: dict[int, str] = {}  # each client's iteration read key
 
-        def client_request(client: int) -> dispatcher_pb2.ClientHeartbeatRequest:
-            return dispatcher_pb2.ClientHeartbeatRequest(iteration_client_id=client, read_key=keys[client])
+        versions: dict[int, int] = {}  # each client's last answer's tasks_version
+
+        def client_request(client: int, version: int = 0) -> dispatcher_pb2.ClientHeartbeatRequest:
+            return dispatcher_pb2.ClientHeartbeatRequest(
+                iteration_client_id=client, read_key=keys[client], tasks_version=version
+            )
 
         iterations: list[int] = []
         for job in range(NUM_JOBS):
@@ -107,7 +134,7 @@ def simulate(
                     job_name=f"job-{job}",
                 )
             ).job_id
-            for _ in range(CLIENTS_PER_JOB):
+            for _ in range(clients_per_job):
                 response = core.get_or_create_iteration(
                     dispatcher_pb2.GetOrCreateIterationRequest(job_id=job_id, repetition=0)
                 )
@@ -117,10 +144,12 @@ def simulate(
         # Each worker runs one task of every job; a task asks for ranges 0, 1, 2, ... in turn.
         tasks_of: dict[str, list[int]] = {address: [] for address in workers}
         task_iteration: dict[int, int] = {}
-        for client in clients[::CLIENTS_PER_JOB]:
+        for client in clients[::clients_per_job]:
             for info in core.client_heartbeat(client_request(client)).tasks:
                 tasks_of[info.worker_address].append(info.task_id)
-        for iteration_id, client in zip(iterations, clients[::CLIENTS_PER_JOB]):
+        for client in clients:
+            versions[client] = core.client_heartbeat(client_request(client)).tasks_version
+        for iteration_id, client in zip(iterations, clients[::clients_per_job]):
             heartbeat = core.client_heartbeat(client_request(client))
             for info in heartbeat.tasks:
                 task_iteration[info.task_id] = iteration_id
@@ -132,9 +161,15 @@ def simulate(
             request = dispatcher_pb2.WorkerHeartbeatRequest(worker_address=address, current_tasks=tasks_of[address])
             return lambda: core.worker_heartbeat(request)
 
-        def client_heartbeat(client: int) -> Callable[[], object]:
-            request = client_request(client)
-            return lambda: core.client_heartbeat(request)
+        def client_heartbeat(client: int, full: bool = False) -> Callable[[], object]:
+            request = client_request(client, 0 if full else versions[client])
+
+            def call() -> None:
+                response = core.client_heartbeat(request)
+                if not full:
+                    versions[client] = response.tasks_version
+
+            return call
 
         def split_request(task: int) -> Callable[[], object]:
             index = next_index[task]
@@ -144,17 +179,20 @@ def simulate(
             )
             return lambda: core.get_splits(request)
 
-        worker_us, client_us, split_us, appends_per_s = [], [], [], []
+        worker_us, client_us, full_us, split_us, appends_per_s = [], [], [], [], []
         for _ in range(rounds):
             clock.now += 1.0
             worker_us.append(_cpu_us([worker_heartbeat(a) for a in workers]))
             client_us.append(_cpu_us([client_heartbeat(c) for c in clients]))
+            full_us.append(_cpu_us([client_heartbeat(c, full=True) for c in clients]))
             requests = [split_request(rng.choice(all_tasks)) for _ in range(split_requests_per_round)]
             appended, wall_start = writer.appended if writer else 0, time.perf_counter()
             split_us.append(_cpu_us(requests))
             if writer is not None:
                 # A split request journals the range it hands out and, after the first, that the last one started.
                 appends_per_s.append((writer.appended - appended) / (time.perf_counter() - wall_start))
+        client_ms = _percentiles_ms([client_heartbeat(c) for c in clients])
+        full_ms = _percentiles_ms([client_heartbeat(c, full=True) for c in clients])
         core.validate()
         return ScaleResult(
             workers=num_workers,
@@ -163,6 +201,9 @@ def simulate(
             tasks=len(all_tasks),
             worker_heartbeat_us=sorted(worker_us)[len(worker_us) // 2],
             client_heartbeat_us=sorted(client_us)[len(client_us) // 2],
+            client_full_heartbeat_us=sorted(full_us)[len(full_us) // 2],
+            client_heartbeat_ms=client_ms,
+            client_full_heartbeat_ms=full_ms,
             split_request_us=sorted(split_us)[len(split_us) // 2],
             journal_appends_per_s=sorted(appends_per_s)[len(appends_per_s) // 2] if appends_per_s else 0.0,
         )
@@ -263,3 +304,29 @@ def snapshot_stall(target_updates: int = 100_000, journal_dir: pathlib.Path | No
             heartbeat_max_ms=ordered[-1] * 1000,
             heartbeats=len(ordered),
         )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Prints simulate() at the worker counts given, without a journal (the CPU the core spends)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the dispatcher core at scale, simulated")
+    parser.add_argument("workers", type=int, nargs="+", help="simulated worker counts")
+    parser.add_argument("--clients-per-job", type=int, default=CLIENTS_PER_JOB, help=f"{NUM_JOBS} jobs")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--split-requests", type=int, default=200, help="per round")
+    args = parser.parse_args(argv)
+    for num_workers in args.workers:
+        r = simulate(num_workers, args.rounds, args.split_requests, clients_per_job=args.clients_per_job)
+        print(
+            f"{r.workers:>6,} workers {r.clients:>5,} clients {r.tasks:>7,} tasks | worker heartbeat "
+            f"{r.worker_heartbeat_us:7.1f} us | client heartbeat: deltas {r.client_heartbeat_us:7.1f} us CPU, "
+            f"p50/p99 {r.client_heartbeat_ms[0]:.3f}/{r.client_heartbeat_ms[1]:.3f} ms; every task "
+            f"{r.client_full_heartbeat_us:8.1f} us CPU, p50/p99 {r.client_full_heartbeat_ms[0]:.3f}/"
+            f"{r.client_full_heartbeat_ms[1]:.3f} ms | split request {r.split_request_us:6.1f} us",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -551,6 +551,7 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
             values = {
                 "worker heartbeat": result.worker_heartbeat_us,
                 "client heartbeat": result.client_heartbeat_us,
+                "client heartbeat, every task": result.client_full_heartbeat_us,
                 "split request": result.split_request_us,
             }
             if result.journal:

@@ -2,8 +2,10 @@
 
 The dispatcher learns from the heartbeats that the client is alive (a silent
 client is released after client_timeout_ms) and answers with the iteration's
-tasks, whether it is finished and, for coordinated reads, how far the client
-may read. Readers (streaming or coordinated) get each answer through a callback.
+tasks that changed since its last answer (all of them the first time, and after
+the dispatcher restarts), whether it is finished and, for coordinated reads,
+how far the client may read. Readers (streaming or coordinated) get each answer
+through a callback.
 """
 
 from __future__ import annotations
@@ -125,6 +127,9 @@ class IterationSession:
         self.repetition = repetition
         # A resumed iteration's tasks at its start.
         self.resumed_tasks: list[int] = []
+        # The iteration's tasks as the heartbeats told them, and the version they bring it to.
+        self._tasks: dict[int, common_pb2.TaskInfo] = {}
+        self._tasks_version = 0
         try:
             if resume_from is not None:
                 resumed = self._dispatcher.resume_iteration(job.request(), resume_from)
@@ -176,27 +181,39 @@ class IterationSession:
 
     def _heartbeat(self) -> None:
         response = self._dispatcher.client_heartbeat(
-            self.client_id, self._current_round(), self._consumed_tasks(), self._reading(), read_key=self.read_key
+            self.client_id,
+            self._current_round(),
+            self._consumed_tasks(),
+            self._reading(),
+            read_key=self.read_key,
+            tasks_version=self._tasks_version,
         )
-        chosen = tasks_to_read(response.tasks, self._target_workers)
-        if len(chosen) != len(response.tasks):
+        # The answer holds the tasks that changed since the last one (all of them the first
+        # time, or after the dispatcher restarted): merged into what this client knows.
+        for task in response.tasks:
+            self._tasks[task.task_id] = task
+        self._tasks_version = response.tasks_version
+        known = list(self._tasks.values())
+        chosen = tasks_to_read(known, self._target_workers)
+        if len(chosen) != len(known):
             # Tasks left to others: this client is done when its own tasks are, not when the
             # iteration is.
             self.reads_some_tasks = True
-            if response.tasks and not chosen and self._target_workers == common_pb2.TARGET_WORKERS_LOCAL:
+            if not chosen and self._target_workers == common_pb2.TARGET_WORKERS_LOCAL:
                 raise tf.errors.FailedPreconditionError(
                     None,
                     None,
                     (
                         "target_workers='LOCAL', but none of the iteration's workers runs on this host "
-                        f"({', '.join(sorted(t.worker_address for t in response.tasks))}): start a worker here, "
+                        f"({', '.join(sorted(t.worker_address for t in known))}): start a worker here, "
                         "or read with target_workers='ANY'"
                     ),
                 )
+            changed = tasks_to_read(response.tasks, self._target_workers)
             del response.tasks[:]
-            response.tasks.extend(chosen)
+            response.tasks.extend(changed)
         self._on_heartbeat(response)
-        if not response.tasks and time.monotonic() - self._waiting_since > _NO_WORKERS_WARNING_S:
+        if not known and time.monotonic() - self._waiting_since > _NO_WORKERS_WARNING_S:
             log.warning(
                 "no worker has a task for this iteration yet: are workers registered with the dispatcher at %s?",
                 self._address,

@@ -42,6 +42,7 @@ from dataservice.dispatcher.state import (
     TaskId,
     WorkerAddress,
 )
+from dataservice.dispatcher.task_changes import TaskChanges
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import policy, sharding, splits
@@ -131,6 +132,8 @@ class DispatcherCore:
         self._round_reports: dict[IterationId, tuple[float, int, float]] = {}
         # Clients' and workers' rates, for metrics and the worker recommendation.
         self._load = LoadTracker()
+        # Which tasks changed when: client heartbeats answer with the changes only.
+        self._task_changes = TaskChanges()
         self._started = now
         self._snapshots = SnapshotCoordinator(
             self._state,
@@ -193,6 +196,7 @@ class DispatcherCore:
                     "It is retried; free space on the work_dir's disk if this persists"
                 ) from None
         self._state.apply(update)
+        self._task_changes.record(update, self._state)
         if self._journal is not None:
             self._since_snapshot += 1
             if self._since_snapshot >= self._snapshot_every:
@@ -666,9 +670,12 @@ class DispatcherCore:
             for task_id in request.consumed_tasks:
                 self._record_consumed(iteration, task_id)
             response = dispatcher_pb2.ClientHeartbeatResponse(
-                iteration_finished=iteration.finished, round_limit=iteration.round_limit
+                iteration_finished=iteration.finished,
+                round_limit=iteration.round_limit,
+                tasks_version=self._task_changes.version,
             )
-            for task, worker in self._state.task_infos(iteration):
+            changed = self._task_changes.changed_since(iteration.iteration_id, request.tasks_version)
+            for task, worker in self._state.task_infos(iteration, changed):
                 response.tasks.add(
                     task_id=task.task_id,
                     worker_address=worker.address,

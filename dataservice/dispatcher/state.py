@@ -672,8 +672,10 @@ class DispatcherState:
     def unfinished_task_count(self, iteration: Iteration) -> int:
         return iteration.unfinished_tasks
 
-    def task_infos(self, iteration: Iteration) -> list[tuple[Task, Worker]]:
-        return [(self._tasks[t], self._workers[self._tasks[t].worker_address]) for t in iteration.task_ids]
+    def task_infos(self, iteration: Iteration, only: Iterable[int] | None = None) -> list[tuple[Task, Worker]]:
+        """The iteration's tasks (those of `only`, if given), each with its worker, in task order."""
+        task_ids = iteration.task_ids if only is None else sorted(t for t in only if t in self._tasks)
+        return [(self._tasks[t], self._workers[self._tasks[t].worker_address]) for t in task_ids]
 
     def summary(self) -> dict[str, int]:
         """Counts of what the state holds, for operators and tests."""

@@ -181,12 +181,15 @@ class DispatcherClient:
         consumed_tasks: Sequence[int] = (),
         reading: ReadingTotals | None = None,
         read_key: str = "",
+        tasks_version: int = 0,
     ) -> dispatcher_pb2.ClientHeartbeatResponse:
+        """`tasks_version`: the last answer's (0: answer with every task of the iteration)."""
         request = dispatcher_pb2.ClientHeartbeatRequest(
             iteration_client_id=iteration_client_id,
             current_round=current_round,
             consumed_tasks=consumed_tasks,
             read_key=read_key,
+            tasks_version=tasks_version,
         )
         if reading is not None:
             request.elements_received = reading.elements

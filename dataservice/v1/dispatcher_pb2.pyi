@@ -124,7 +124,7 @@ class ResumeIterationResponse(_message.Message):
     def __init__(self, iteration_client_id: _Optional[int] = ..., iteration_id: _Optional[int] = ..., repetition: _Optional[int] = ..., task_ids: _Optional[_Iterable[int]] = ..., read_key: _Optional[str] = ...) -> None: ...
 
 class ClientHeartbeatRequest(_message.Message):
-    __slots__ = ("iteration_client_id", "current_round", "consumed_tasks", "elements_received", "bytes_received", "wait_seconds", "consume_seconds", "read_key")
+    __slots__ = ("iteration_client_id", "current_round", "consumed_tasks", "elements_received", "bytes_received", "wait_seconds", "consume_seconds", "read_key", "tasks_version")
     ITERATION_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_TASKS_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class ClientHeartbeatRequest(_message.Message):
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONSUME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     READ_KEY_FIELD_NUMBER: _ClassVar[int]
+    TASKS_VERSION_FIELD_NUMBER: _ClassVar[int]
     iteration_client_id: int
     current_round: int
     consumed_tasks: _containers.RepeatedScalarFieldContainer[int]
@@ -141,17 +142,20 @@ class ClientHeartbeatRequest(_message.Message):
     wait_seconds: float
     consume_seconds: float
     read_key: str
-    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ..., consumed_tasks: _Optional[_Iterable[int]] = ..., elements_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consume_seconds: _Optional[float] = ..., read_key: _Optional[str] = ...) -> None: ...
+    tasks_version: int
+    def __init__(self, iteration_client_id: _Optional[int] = ..., current_round: _Optional[int] = ..., consumed_tasks: _Optional[_Iterable[int]] = ..., elements_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., consume_seconds: _Optional[float] = ..., read_key: _Optional[str] = ..., tasks_version: _Optional[int] = ...) -> None: ...
 
 class ClientHeartbeatResponse(_message.Message):
-    __slots__ = ("tasks", "iteration_finished", "round_limit")
+    __slots__ = ("tasks", "iteration_finished", "round_limit", "tasks_version")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FINISHED_FIELD_NUMBER: _ClassVar[int]
     ROUND_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TASKS_VERSION_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskInfo]
     iteration_finished: bool
     round_limit: int
-    def __init__(self, tasks: _Optional[_Iterable[_Union[_common_pb2.TaskInfo, _Mapping]]] = ..., iteration_finished: _Optional[bool] = ..., round_limit: _Optional[int] = ...) -> None: ...
+    tasks_version: int
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_common_pb2.TaskInfo, _Mapping]]] = ..., iteration_finished: _Optional[bool] = ..., round_limit: _Optional[int] = ..., tasks_version: _Optional[int] = ...) -> None: ...
 
 class ReleaseIterationClientRequest(_message.Message):
     __slots__ = ("iteration_client_id", "read_key")

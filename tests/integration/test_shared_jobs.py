@@ -18,7 +18,7 @@ from conftest import REPO_ROOT, in_process_cluster, scrape, total, wait_for_work
 import dataservice as service
 from dataservice import tf_internal
 from dataservice.client.reader import IterationReader
-from dataservice.client.session import JobSpec
+from dataservice.client.session import IterationSession, JobSpec
 from dataservice.local_cluster import LocalCluster
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import compression, wire
@@ -389,6 +389,32 @@ def test_max_outstanding_requests_bounds_what_a_client_holds(cluster2):
         assert len(got) >= 500, "reading on grants new credits"
     finally:
         reader.close()
+
+
+def test_client_heartbeats_after_the_first_carry_only_changed_tasks(cluster2):
+    """A client's first heartbeat learns every task of its iteration; later ones send the
+    version of their last answer, which the dispatcher answers with the tasks that changed since
+    (none here): a heartbeat's cost does not grow with the workers (dispatcher/task_changes.py)."""
+    dataset_id = service.register_dataset(cluster2.target, tf.data.Dataset.range(10**9)).numpy().decode()
+    job = JobSpec(dataset_id, common_pb2.SHARDING_POLICY_OFF, None, None, common_pb2.TARGET_WORKERS_AUTO)
+    answers: list[int] = []
+    session = IterationSession(
+        cluster2.address,
+        job,
+        0,
+        30,
+        on_heartbeat=lambda r: answers.append(len(r.tasks)),
+        on_error=lambda e: answers.append(-1),
+    )
+    session.start()
+    try:
+        for _ in range(4):
+            session.wake()
+            time.sleep(0.3)
+        _wait_until(lambda: len(answers) >= 4, 30, "too few heartbeats")
+        assert answers[0] == 2 and set(answers[1:]) == {0}, answers
+    finally:
+        session.close()
 
 
 def _rss_mib(pid: int) -> float:

@@ -99,10 +99,14 @@ def read_key(core, client_id) -> str:
     return _READ_KEYS.get((id(core), client_id), "")
 
 
-def client_heartbeat(core, client_id, current_round=0):
+def client_heartbeat(core, client_id, current_round=0, tasks_version=0, consumed=()):
     return core.client_heartbeat(
         dispatcher_pb2.ClientHeartbeatRequest(
-            iteration_client_id=client_id, current_round=current_round, read_key=read_key(core, client_id)
+            iteration_client_id=client_id,
+            current_round=current_round,
+            read_key=read_key(core, client_id),
+            tasks_version=tasks_version,
+            consumed_tasks=consumed,
         )
     )
 
