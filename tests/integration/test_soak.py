@@ -51,9 +51,13 @@ with tempfile.TemporaryDirectory() as scratch:
         if jobs % 5 == 0:  # checkpointed after a few elements, and resumed from the checkpoint
             read = [int(next(iterator)) for _ in range(5)]
             path = tf.train.Checkpoint(iterator=iterator).save(os.path.join(scratch, f"ckpt-{jobs}"))
+            # Restored while the saved iterator still holds its iteration: released first, the
+            # iteration could be dropped by the soak's 2 s retention before a slow restore.
+            restored = iter(source.apply(service.distribute(mode, target, **named)))
+            tf.train.Checkpoint(iterator=restored).restore(path)
+            read += [int(next(restored))]
             del iterator
-            iterator = iter(source.apply(service.distribute(mode, target, **named)))
-            tf.train.Checkpoint(iterator=iterator).restore(path)
+            iterator = restored
             read += [int(x) for x in iterator]
         else:
             read = [int(x) for x in iterator]
