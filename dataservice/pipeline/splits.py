@@ -26,7 +26,8 @@ repeat() in tf.data.
 
 The selector of sample_from_datasets/choose_from_datasets runs whole on
 every worker, as in TensorFlow's service (15 choices over 3 workers make 45
-elements).
+elements), and so does a dataset marked `replicate_on_split` (the counter of
+`enumerate()`: each worker counts its own elements from the start).
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ def find_sources(graph: graph_pb2.GraphDef) -> list[Source]:
             return sources_below[name]
         node = nodes[name]
         inputs = _dataset_inputs(nodes, node, skip=_LOCAL_INPUTS.get(node.op, frozenset()))
+        if "replicate_on_split" in node.attr and node.attr["replicate_on_split"].b:
+            # Marked to run whole on every worker (enumerate()'s counter): not a source to split.
+            sources_below[name] = []
+            return []
         if not inputs:
             found = [name]
             if name not in sources:

@@ -89,6 +89,14 @@ def test_the_selector_of_choose_and_sample_runs_whole():
         assert splits.group_sizes(sources) == [splits.INFINITE_SPLITS] * 2
 
 
+def test_the_counter_of_enumerate_runs_whole_on_every_worker():
+    """enumerate() zips a counter marked replicate_on_split with the dataset: only the dataset is
+    split, and each worker counts its own elements from 0."""
+    pipeline = tf.data.Dataset.from_tensor_slices([b"a", b"b", b"c", b"d"]).enumerate()
+    assert [s.op for s in _sources(pipeline)] == ["TensorSliceDataset"]
+    assert _rebuilt(pipeline, [(2, 4)]) == [(0, b"c"), (1, b"d")]
+
+
 def test_a_rebuilt_pipelines_functions_leave_the_eager_context_with_it():
     """Each rebuild adds its pipeline's functions (its maps, the ranges' generator) to the
     eager context; a worker rebuilds once per task, so they must go when the task's dataset does."""
