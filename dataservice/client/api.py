@@ -234,9 +234,12 @@ class _ReadOptions:
             problem = modes.cross_trainer_cache_problem(self.job_name or "", self.num_consumers or 0, cardinality)
             raise tf.errors.InvalidArgumentError(None, None, problem)
         if self.num_consumers is not None and cardinality >= 0:
-            raise ValueError(
+            # TensorFlow's class (its service raises it at the first read; ours at once).
+            raise tf.errors.FailedPreconditionError(
+                None,
+                None,
                 f"coordinated reads (consumer_index, num_consumers) need an infinite dataset, but this one has "
-                f"{cardinality} elements: add .repeat() to the pipeline"
+                f"cardinality {cardinality}: add .repeat() to the pipeline",
             )
 
     def element_budget(self, codec: ElementCodec) -> int:
@@ -370,11 +373,27 @@ def _coordinated_dataset(
             output_types=tf.nest.map_structure(lambda spec: spec.dtype, specs),
             output_shapes=tf.nest.map_structure(lambda spec: spec.shape, specs),
         )
+    dataset = _on_a_thread_of_its_own(dataset)
     if composite:
         dataset = dataset.map(
             lambda *components: tf.nest.pack_sequence_as(element_spec, list(components), expand_composites=True)
         )
     return dataset
+
+
+def _on_a_thread_of_its_own(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """The dataset run on a private thread of its own. A consumer's generator blocks until every
+    consumer has asked for the round; run as tf.data runs functions, on the process's shared
+    pool (as many threads as cores), consumers read side by side (an interleave over them, as
+    trainers write) would hold every thread of the pool while the rest of the round waits for
+    one: a deadlock with more consumers than cores."""
+    variant = tf.raw_ops.PrivateThreadPoolDataset(
+        input_dataset=tf_internal.variant_tensor(dataset),
+        num_threads=1,
+        output_types=tf_internal.flat_tensor_types(dataset.element_spec),
+        output_shapes=tf_internal.flat_tensor_shapes(dataset.element_spec),
+    )
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
 
 @_not_converted

@@ -337,7 +337,9 @@ class DispatcherCore:
             raise status.invalid_argument("coordinated reads (num_consumers) need a job_name")
         with self._lock:
             dataset = self._dataset(request.dataset_id)
-            if request.num_consumers and dataset.metadata.cardinality != tf.data.INFINITE_CARDINALITY:
+            # A known, finite cardinality is refused; an unknown one (a flat_map, a filter) is the
+            # pipeline's to keep going, as in TensorFlow's service.
+            if request.num_consumers and dataset.metadata.cardinality >= 0:
                 raise status.failed_precondition(
                     f"coordinated reads (num_consumers) need an infinite dataset, but dataset {request.dataset_id!r} "
                     f"has cardinality {dataset.metadata.cardinality}: add .repeat() to the pipeline, so that no "

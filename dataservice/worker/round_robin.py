@@ -26,6 +26,11 @@ KEEP_ROUNDS = 8
 MAX_ROUNDS_AHEAD = 1 << 16
 
 
+class RoundPassedError(ValueError):
+    """A consumer new to the task asked for a round the task has already cut: its elements went
+    to the consumers before it (a trainer started again under a running job)."""
+
+
 class RoundRobinServer:
     def __init__(self, runner: TaskRunner, num_consumers: int, starting_round: int):
         self._runner = runner
@@ -36,11 +41,20 @@ class RoundRobinServer:
         self._rounds: dict[int, list[Chunk] | None] = {}
         self._order: collections.deque[int] = collections.deque()
         self._requested: dict[int, set[int]] = collections.defaultdict(set)
+        # consumer index -> the client that last asked as that consumer.
+        self._clients: dict[int, int] = {}
         self._cutting = False
 
-    def get(self, consumer_index: int, round_index: int, wait_s: float) -> tuple[Chunk | None, bool]:
+    def get(
+        self, consumer_index: int, round_index: int, wait_s: float, client_id: int | None = None
+    ) -> tuple[Chunk | None, bool]:
         """(element as a chunk of one, end_of_sequence) for the consumer's share of the round; (None, False)
-        when not every consumer has asked for the round within `wait_s` (ask again)."""
+        when not every consumer has asked for the round within `wait_s` (ask again).
+
+        A cut round is given again to the client that asked for it (its response may have been
+        lost), but not to another client asking as the same consumer (RoundPassedError): that
+        is a consumer started again while the job went on, which would read what its
+        predecessor read, as TensorFlow's service refuses too."""
         if not 0 <= consumer_index < self._num_consumers:
             raise ValueError(
                 f"consumer_index {consumer_index} out of range: the job has {self._num_consumers} consumers"
@@ -55,6 +69,14 @@ class RoundRobinServer:
             )
         deadline = time.monotonic() + wait_s
         with self._cond:
+            if client_id is not None and self._clients.get(consumer_index) != client_id:
+                if self._order and round_index <= self._order[-1]:
+                    raise RoundPassedError(
+                        f"consumer {consumer_index} asked for round {round_index}, but the current round has already "
+                        f"reached {self._order[-1] + 1}: a consumer that starts again cannot join a coordinated job "
+                        "that went on without it; start the job again under a new job_name"
+                    )
+                self._clients[consumer_index] = client_id
             if round_index not in self._rounds:
                 if self._order and round_index < self._order[0]:
                     raise ValueError(

@@ -23,6 +23,7 @@ from dataservice.transfer import compression, local, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
 from dataservice.worker.delivery import Deliveries, Delivery, SentMessage
 from dataservice.worker.memory_budget import MemoryBudget
+from dataservice.worker.round_robin import RoundPassedError
 from dataservice.worker.task_book import TaskBook
 from dataservice.worker.task_runner import TaskRunner
 
@@ -327,7 +328,9 @@ def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) ->
             f"task {request.task_id} is not a coordinated-reads task: read it with StreamElements"
         )
     try:
-        element, end = rounds.get(request.consumer_index, request.round, ROUND_WAIT_S)
+        element, end = rounds.get(request.consumer_index, request.round, ROUND_WAIT_S, request.iteration_client_id)
+    except RoundPassedError as e:
+        raise status.failed_precondition(f"task {request.task_id}: {e}") from None
     except ValueError as e:
         raise status.invalid_argument(f"task {request.task_id}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client

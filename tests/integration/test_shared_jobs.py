@@ -252,13 +252,13 @@ def test_coordinated_reads_survive_a_worker_dying():
 
 
 def test_coordinated_reads_need_an_infinite_dataset(cluster):
-    with pytest.raises(ValueError, match="infinite dataset"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="infinite dataset"):
         tf.data.Dataset.range(10).apply(
             service.distribute("parallel_epochs", cluster.target, job_name="finite", consumer_index=0, num_consumers=2)
         )
     # Through from_dataset_id with an element_spec: the registered cardinality tells.
     dataset_id = service.register_dataset(cluster.target, tf.data.Dataset.range(10))
-    with pytest.raises(ValueError, match="infinite dataset"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="infinite dataset"):
         service.from_dataset_id(
             "parallel_epochs",
             cluster.target,

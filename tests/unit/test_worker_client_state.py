@@ -55,3 +55,22 @@ def test_rounds_far_ahead_are_refused_and_rounds_passed_are_forgotten():
         assert rounds._requested == {}
     finally:
         runner.stop()
+
+
+def test_a_cut_round_is_given_again_to_its_client_but_refused_to_a_new_one():
+    """A consumer whose response was lost asks again and gets the same element; a consumer
+    started again (another client, same index) asking for a cut round is refused, as
+    TensorFlow's worker refuses a round before its current one."""
+    runner = _runner()
+    rounds = RoundRobinServer(runner, num_consumers=2, starting_round=0)
+    try:
+        assert rounds.get(1, 0, wait_s=0, client_id=11) == (None, False)
+        first, _ = rounds.get(0, 0, wait_s=5, client_id=10)
+        again, _ = rounds.get(0, 0, wait_s=5, client_id=10)
+        assert first is not None and again is first
+        with pytest.raises(round_robin.RoundPassedError, match="current round has already reached 1"):
+            rounds.get(0, 0, wait_s=5, client_id=12)
+        # The new client may take the consumer's place from the next round on.
+        assert rounds.get(0, 1, wait_s=0, client_id=12) == (None, False)
+    finally:
+        runner.stop()
