@@ -140,12 +140,17 @@ def test_worker_restarted_at_its_address_mid_distributed_epoch(capsys):
             probe.bind(("localhost", 0))
             port = probe.getsockname()[1]
         worker_args = (f"--dispatcher_address={cluster.address}", "--heartbeat_interval_ms=300")
-        other = ServerProcess("--role=worker", "--port=0", *worker_args)
+        # A small memory budget for the other worker and few elements outstanding at the client
+        # keep production from running ahead while the read is held below: the epoch cannot end
+        # before the restarted process (slow to start on a loaded machine) has registered.
+        other = ServerProcess("--role=worker", "--port=0", "--memory_budget_bytes=4096", *worker_args)
         fixed = ("--role=worker", f"--port={port}", f"--worker_address=localhost:{port}", *worker_args)
         pinned = ServerProcess(*fixed)
         wait_for_workers(cluster.address, 2)
         n = 2000
-        ds = _slow_range(n, sleep_us=3000).apply(service.distribute("distributed_epoch", cluster.target))
+        ds = _slow_range(n, sleep_us=3000).apply(
+            service.distribute("distributed_epoch", cluster.target, max_outstanding_requests=8)
+        )
         got, restarted = [], None
         started = time.monotonic()
         for element in ds:
@@ -153,6 +158,11 @@ def test_worker_restarted_at_its_address_mid_distributed_epoch(capsys):
             if len(got) == 300:
                 pinned.kill()
                 restarted = ServerProcess(*fixed)
+                # Hold the read until the new process has its task.
+                deadline = time.monotonic() + 60
+                while cluster.dispatcher.state_summary()["tasks"] < 3:
+                    assert time.monotonic() < deadline, "the restarted worker got no task within 60 s"
+                    time.sleep(0.05)
         elapsed = time.monotonic() - started
         assert restarted is not None
         counts = collections.Counter(got)
