@@ -103,7 +103,7 @@ def simulate(
     clock = _Clock()
     writer = journal.JournalWriter(journal_dir, 0) if journal_dir is not None else None
     config = DispatcherConfig(worker_timeout_ms=10**9, client_timeout_ms=10**9, job_gc_timeout_ms=10**9)
-    core = DispatcherCore(config, "simulated:0", journal=writer, clock=clock, snapshot_every=10**9)
+    core = DispatcherCore(config, "simulated:0", journal=writer, clock=clock, compact_every=10**9)
     try:
         workers = [f"worker-{i}:5000" for i in range(num_workers)]
         for address in workers:
@@ -247,7 +247,7 @@ def snapshot_stall(target_updates: int = 100_000, journal_dir: pathlib.Path | No
         directory = journal_dir or pathlib.Path(tmp)
         writer = journal.JournalWriter(directory, 0, sync=False)
         config = DispatcherConfig(worker_timeout_ms=10**9, client_timeout_ms=10**9, job_gc_timeout_ms=10**9)
-        core = DispatcherCore(config, "simulated:0", journal=writer, clock=_Clock(), snapshot_every=10**9)
+        core = DispatcherCore(config, "simulated:0", journal=writer, clock=_Clock(), compact_every=10**9)
         workers = [f"worker-{i}:5000" for i in range(500)]
         for address in workers:
             core.worker_heartbeat(dispatcher_pb2.WorkerHeartbeatRequest(worker_address=address))
@@ -286,9 +286,9 @@ def snapshot_stall(target_updates: int = 100_000, journal_dir: pathlib.Path | No
         thread.start()
         time.sleep(0.2)
         began = time.perf_counter()
-        core.snapshot_soon()
+        core.compact_journal_soon()
         core.get_or_create_job(dispatcher_pb2.GetOrCreateJobRequest(dataset_id=dataset_id, job_name="trigger"))
-        core.wait_for_snapshot(timeout_s=120)
+        core.wait_for_journal_compaction(timeout_s=120)
         snapshot_s = time.perf_counter() - began
         time.sleep(0.2)
         done.set()

@@ -8,8 +8,12 @@ injected: the clock (liveness and garbage collection read it), the journal,
 the dataset store, and a WorkerNotifier through which new tasks and datasets
 reach workers before their next heartbeat.
 
-Liveness (when a client or worker was last heard from) is runtime
-bookkeeping, not state: after a restart every peer is given a fresh timeout.
+The core keeps jobs, iterations, clients and workers; the rest is split along
+its seams, each part given the same context (context.py: state, lock, commit,
+clock): dataset admission (admission.py, the one part that needs TensorFlow),
+split hand-out (split_handout.py), coordinated reads' rounds (rounds.py),
+liveness and garbage collection (liveness.py) and distributed_save
+(snapshots.py).
 """
 
 from __future__ import annotations
@@ -17,55 +21,39 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
-import tensorflow as tf
-
 from dataservice import modes, read_keys, status
-from dataservice.config import NEVER, DispatcherConfig
+from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import resume, status_report
+from dataservice.dispatcher.admission import POLICY_NAMES, DatasetAdmission
+from dataservice.dispatcher.context import DEFAULT_COMPACT_EVERY, Clock, Committer, CoreContext
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
+from dataservice.dispatcher.liveness import Liveness
 from dataservice.dispatcher.load import LoadTracker
+from dataservice.dispatcher.rounds import RoundGrants
 from dataservice.dispatcher.snapshots import SnapshotCoordinator
+from dataservice.dispatcher.split_handout import SplitHandout
 from dataservice.dispatcher.state import (
     ClientId,
-    DatasetId,
     DispatcherState,
     IterationId,
     Job,
     Task,
-    TaskId,
     WorkerAddress,
 )
 from dataservice.dispatcher.task_changes import TaskChanges
 from dataservice.monitoring.logs import ids
-from dataservice.pipeline import graph as graph_lib
-from dataservice.pipeline import policy, sharding, splits
 from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], float]
-
-# Journal updates between two snapshots.
-DEFAULT_SNAPSHOT_EVERY = 10_000
-# Most splits one GetSplits answer hands out.
-DEFAULT_MAX_SPLITS = 1024
-# A range is at most 1/(this x unfinished tasks) of the splits left.
-RANGE_SHARE_DIVISOR = 8
-# Coordinated reads: the fewest rounds granted ahead of the clients, how many seconds of
-# reading (at the rate the clients report) a grant covers, and how often the rate is measured.
-MIN_ROUND_WINDOW = 16
-ROUND_WINDOW_S = 4.0
-ROUND_RATE_PERIOD_S = 0.5
 # A restored iterator's tasks go to workers heard from within this many seconds, where there are any.
 RESUME_RECENT_S = 3.0
-_POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 _TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
 
 
@@ -87,14 +75,6 @@ class NoNotifier:
         pass
 
 
-def split_range_size(remaining: int, unfinished_tasks: int, max_splits: int) -> int:
-    """How many splits one GetSplits answer hands out: a small share of what is left, so that
-    the last splits spread over the workers and a lost worker takes at most the one range it
-    had started with it; at least 1, at most `max_splits`."""
-    fair = max(1, remaining // (RANGE_SHARE_DIVISOR * max(1, unfinished_tasks)))
-    return min(max_splits, fair)
-
-
 class DispatcherCore:
     """The dispatcher's request handling and garbage collection; thread-safe."""
 
@@ -108,47 +88,51 @@ class DispatcherCore:
         datasets: DatasetStore | None = None,
         notifier: WorkerNotifier | None = None,
         clock: Clock = time.monotonic,
-        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        compact_every: int = DEFAULT_COMPACT_EVERY,
     ):
         self._config = config
-        self._address = address
-        self._journal = journal
-        self._snapshot_every = snapshot_every
-        self._since_snapshot = 0
         self._state = state or DispatcherState()
-        self._datasets = datasets or DatasetStore(config.work_dir, config.graph_memory_bytes)
         self._notifier: WorkerNotifier = notifier or NoNotifier()
         self._clock = clock
         self._lock = threading.RLock()
-        now = clock()
-        self._client_seen: dict[ClientId, float] = {c: now for c in self._state.client_ids()}
-        self._worker_seen: dict[WorkerAddress, float] = {w: now for w in self._state.alive_workers()}
-        # Named iterations without clients, since when: ended after job_gc_timeout_ms.
-        self._idle_since: dict[IterationId, float] = {}
-        # Finished iterations without clients, since when (as first seen so; after a restart,
-        # from the restart): dropped after iteration_retention_ms.
-        self._retired_since: dict[IterationId, float] = {}
-        # Coordinated reads: iteration -> (time, round, rounds/s) of the clients' reports.
-        self._round_reports: dict[IterationId, tuple[float, int, float]] = {}
-        # Clients' and workers' rates, for metrics and the worker recommendation.
-        self._load = LoadTracker()
         # Which tasks changed when: client heartbeats answer with the changes only.
         self._task_changes = TaskChanges()
-        self._started = now
+        where = f"the dispatcher at {address}"
+        self._committer = Committer(self._state, journal, self._task_changes, where, compact_every)
+        self._ctx = CoreContext(config, address, self._state, self._lock, self._committer, clock)
+        self._commit = self._committer
+        self._started = clock()
+        # Clients' and workers' rates, for metrics and the worker recommendation.
+        self._load = LoadTracker()
+        datasets = datasets or DatasetStore(config.work_dir, config.graph_memory_bytes)
+        self._admission = DatasetAdmission(self._ctx, datasets, self._notifier)
+        self._splits = SplitHandout(self._ctx)
+        self._rounds = RoundGrants(self._ctx)
         self._snapshots = SnapshotCoordinator(
-            self._state,
-            self._commit,
-            self._lock,
-            self._datasets,
-            self._dataset,
-            config.fault_tolerant_mode,
+            self._ctx,
+            datasets,
             config.worker_max_concurrent_snapshots,
-            self._where(),
             snapshot_roots=config.snapshot_roots,
         )
         self._snapshots.repair_files()
+        self._liveness = Liveness(
+            self._ctx,
+            forget_worker=self._forget_worker,
+            forget_client=self._load.forget_client,
+            forget_iteration=self._rounds.forget,
+            forget_job=self._load.forget_job,
+        )
+
+    def _forget_worker(self, address: WorkerAddress) -> None:
+        self._load.forget_worker(address)
+        self._snapshots.assignments.forget_worker(address)
 
     # ---- reading the state ---------------------------------------------------
+
+    @property
+    def state(self) -> DispatcherState:
+        """The state, to read (tests, tools); it changes only through requests."""
+        return self._state
 
     def summary(self) -> dict[str, int]:
         """Counts of datasets, workers, jobs, iterations, tasks and clients."""
@@ -165,178 +149,60 @@ class DispatcherCore:
         with self._lock:
             now = self._clock()
             info = status_report.DispatcherInfo(
-                address=self._address,
+                address=self._ctx.address,
                 fault_tolerant_mode=self._config.fault_tolerant_mode,
                 work_dir=self._config.work_dir,
                 uptime_s=now - self._started,
-                journal_appends=self._journal.appended if self._journal is not None else 0,
+                journal_appends=self._committer.appended,
             )
-            report = status_report.build(self._state, self._load, info, self._worker_seen, self._client_seen, now)
+            report = status_report.build(
+                self._state, self._load, info, self._liveness.worker_seen, self._liveness.client_seen, now
+            )
             report["snapshots"] = self._snapshots.status()
             return report
 
     def get_status(self, request: dispatcher_pb2.GetStatusRequest) -> dispatcher_pb2.GetStatusResponse:
         return dispatcher_pb2.GetStatusResponse(status_json=json.dumps(self.status()))
 
-    # ---- committing changes ----------------------------------------------------
+    # ---- journal compaction --------------------------------------------------
 
-    def _commit(self, **change) -> None:
-        """Journals, then applies, one Update. Call with self._lock held.
-
-        A journal that cannot be written (disk full, I/O error) fails the request with
-        UNAVAILABLE and nothing is applied: clients retry, and succeed once the disk does."""
-        update = journal_pb2.Update(**change)
-        if self._journal is not None:
-            try:
-                self._journal.append(update)
-            except OSError as e:
-                log.error("journal write failed, %s not made: %s", update.WhichOneof("kind"), e)
-                raise status.unavailable(
-                    f"{self._where()} cannot write its journal ({e.strerror or e}); the change was not made. "
-                    "It is retried; free space on the work_dir's disk if this persists"
-                ) from None
-        self._state.apply(update)
-        self._task_changes.record(update, self._state)
-        if self._journal is not None:
-            self._since_snapshot += 1
-            if self._since_snapshot >= self._snapshot_every:
-                # Keeps recovery time flat however long the dispatcher runs; written in the
-                # background from the journal's own files, so requests do not wait for it. A
-                # snapshot that fails loses nothing (the segments stay): the next one is tried later.
-                try:
-                    if self._journal.snapshot_in_background(_rebuild):
-                        self._since_snapshot = 0
-                except OSError as e:
-                    self._since_snapshot = 0
-                    log.error("starting a journal snapshot failed (the journal is whole; retried later): %s", e)
-
-    def snapshot_soon(self) -> None:
-        """Makes the next journaled change also write a snapshot (as every snapshot_every-th does)."""
+    def compact_journal_soon(self) -> None:
+        """Makes the next journaled change also compact the journal (as every compact_every-th does)."""
         with self._lock:
-            self._since_snapshot = self._snapshot_every
+            self._committer.compact_soon()
 
-    def wait_for_snapshot(self, timeout_s: float) -> bool:
-        """Waits for a snapshot being written to be on disk; False on timeout."""
-        return self._journal is None or self._journal.wait_for_snapshot(timeout_s)
+    def wait_for_journal_compaction(self, timeout_s: float) -> bool:
+        """Waits for a compaction being written to be on disk; False on timeout."""
+        return self._committer.wait_for_compaction(timeout_s)
 
-    def _where(self) -> str:
-        return f"the dispatcher at {self._address}"
-
-    # ---- datasets --------------------------------------------------------------
+    # ---- datasets (admission.py) ---------------------------------------------------
 
     def register_dataset(
         self, request: dispatcher_pb2.RegisterDatasetRequest
     ) -> dispatcher_pb2.RegisterDatasetResponse:
-        if len(request.graph_def) > self._config.max_graph_bytes:
-            raise status.ServiceError(
-                status.Code.RESOURCE_EXHAUSTED,
-                f"the dataset graph is {len(request.graph_def):,} bytes, over {self._where()}'s max_graph_bytes "
-                f"({self._config.max_graph_bytes:,}): read large data from files in the pipeline rather than "
-                "embedding it, or raise max_graph_bytes",
-            )
-        try:
-            graph = graph_lib.parse_graph(request.graph_def)
-            element_spec = graph_lib.decode_element_spec(request.metadata.element_spec)
-            graph_lib.check_element_spec(element_spec)
-        except graph_lib.InvalidDatasetError as e:
-            raise status.invalid_argument(f"cannot register the dataset: {e}") from None
-        except Exception as e:  # noqa: BLE001 - a malformed spec proto raises many kinds
-            raise status.invalid_argument(f"cannot register the dataset: unreadable element_spec ({e})") from None
-        if not self._config.allow_unsafe_ops:
-            try:
-                policy.check(graph)
-            except policy.UnsafeDatasetError as e:
-                log.warning("dataset refused: %s", e.op, extra=ids(dataset_id=request.requested_dataset_id))
-                raise status.permission_denied(f"{self._where()} cannot register the dataset: {e}") from None
-        try:
-            graph_lib.dataset_from_graph(request.graph_def, element_spec)
-        except (tf.errors.OpError, ValueError, TypeError) as e:
-            message = getattr(e, "message", str(e))
-            raise status.invalid_argument(
-                f"cannot register the dataset: its graph does not import ({message})"
-            ) from None
-        fingerprint = graph_lib.fingerprint(graph)
-        requested = request.requested_dataset_id
-        with self._lock:
-            if requested:
-                existing = self._state.dataset(requested)
-                if existing is not None:
-                    if existing.fingerprint != fingerprint:
-                        raise status.already_exists(
-                            f"dataset id {requested!r} is already registered with a different dataset"
-                        )
-                    dataset_id = DatasetId(requested)
-                else:
-                    dataset_id = self._register(DatasetId(requested), fingerprint, request)
-            else:
-                dataset_id = self._state.dataset_with_fingerprint(fingerprint) or self._register(
-                    self._state.next_dataset_id(), fingerprint, request
-                )
-            workers = self._state.alive_workers() if request.prepare_workers else []
-        for worker_address in workers:
-            self._notifier.prepare_dataset(worker_address, dataset_id)
-        return dispatcher_pb2.RegisterDatasetResponse(dataset_id=dataset_id)
-
-    def _register(self, dataset_id: DatasetId, fingerprint: str, request) -> DatasetId:
-        """Stores the graph durably, then journals the dataset. Call with self._lock held."""
-        try:
-            self._datasets.put(dataset_id, request.graph_def)
-        except OSError as e:
-            log.error("storing the graph of dataset %s failed: %s", dataset_id, e)
-            raise status.unavailable(
-                f"{self._where()} cannot store the dataset's graph in its work_dir ({e.strerror or e}); "
-                "it was not registered. It is retried; free space on the work_dir's disk if this persists"
-            ) from None
-        self._commit(
-            register_dataset=journal_pb2.RegisterDatasetUpdate(
-                dataset_id=dataset_id, fingerprint=fingerprint, metadata=request.metadata
-            )
-        )
-        log.info("dataset registered", extra=ids(dataset_id=dataset_id))
-        return dataset_id
-
-    def _dataset(self, dataset_id: str):
-        if not dataset_id:
-            raise status.invalid_argument("dataset_id must not be empty")
-        dataset = self._state.dataset(dataset_id)
-        if dataset is None:
-            raise status.not_found(
-                f"dataset id {dataset_id!r} is not registered with {self._where()}; "
-                "register it with register_dataset() first"
-            )
-        return dataset
+        return self._admission.register(request)
 
     def get_data_service_metadata(self, request: dispatcher_pb2.GetDataServiceMetadataRequest):
-        with self._lock:
-            return dispatcher_pb2.GetDataServiceMetadataResponse(metadata=self._dataset(request.dataset_id).metadata)
+        return self._admission.metadata(request)
 
     def get_element_spec(self, request: dispatcher_pb2.GetElementSpecRequest):
-        with self._lock:
-            spec = self._dataset(request.dataset_id).metadata.element_spec
-        return dispatcher_pb2.GetElementSpecResponse(element_spec=spec)
+        return self._admission.element_spec(request)
 
     def get_dataset_def(self, request: dispatcher_pb2.GetDatasetDefRequest):
-        with self._lock:
-            metadata = self._dataset(request.dataset_id).metadata
-        graph_def = self._datasets.get(request.dataset_id)
-        if graph_def is None:
-            raise status.failed_precondition(
-                f"the graph of dataset {request.dataset_id!r} is missing from the work_dir"
-            )
-        return dispatcher_pb2.GetDatasetDefResponse(graph_def=graph_def, metadata=metadata)
+        return self._admission.dataset_def(request)
 
     # ---- jobs and iterations ---------------------------------------------------
 
     def get_or_create_job(self, request: dispatcher_pb2.GetOrCreateJobRequest):
         policy = request.processing_mode.sharding_policy
-        if policy not in _POLICY_NAMES:
+        if policy not in POLICY_NAMES:
             raise status.invalid_argument(f"unknown sharding policy {policy}")
         if request.num_consumers < 0:
             raise status.invalid_argument(f"num_consumers must be >= 0, got {request.num_consumers}")
         if request.num_consumers and not request.job_name:
             raise status.invalid_argument("coordinated reads (num_consumers) need a job_name")
         with self._lock:
-            dataset = self._dataset(request.dataset_id)
+            dataset = self._ctx.dataset(request.dataset_id)
             # A known, finite cardinality is refused; an unknown one (a flat_map, a filter) is the
             # pipeline's to keep going, as in TensorFlow's service.
             if request.num_consumers and dataset.metadata.cardinality >= 0:
@@ -354,7 +220,7 @@ class DispatcherCore:
             existing = self._named_job(request)
         if existing is not None:
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=existing)
-        split_group_sizes = self._check_policy(policy, request.dataset_id, dataset.metadata)
+        split_group_sizes = self._admission.check_policy(policy, request.dataset_id, dataset.metadata)
         with self._lock:
             existing = self._named_job(request)  # created meanwhile by another client?
             if existing is not None:
@@ -384,41 +250,6 @@ class DispatcherCore:
         )
         return job_id
 
-    def _check_policy(self, policy: int, dataset_id: str, metadata) -> list[int]:
-        """Checks that the dataset can be processed under `policy` (outside the lock:
-        it parses the graph); returns the split group sizes for distributed_epoch."""
-        if policy == common_pb2.SHARDING_POLICY_OFF:
-            return []
-        graph_bytes = self._datasets.get(dataset_id)
-        if graph_bytes is None:
-            raise status.failed_precondition(f"the graph of dataset {dataset_id!r} is missing from the work_dir")
-        if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
-            try:
-                return splits.group_sizes(splits.find_sources(graph_lib.parse_graph(graph_bytes)))
-            except (splits.UnsplittableDatasetError, graph_lib.InvalidDatasetError) as e:
-                raise status.invalid_argument(str(e)) from None
-        if not self._config.worker_addresses:
-            raise status.failed_precondition(
-                f"sharding policy {_POLICY_NAMES[policy]} needs a dispatcher configured with worker_addresses "
-                "(the fixed list of workers whose index picks each worker's shard)"
-            )
-        try:
-            sharding.shard(
-                graph_lib.dataset_from_graph(graph_bytes, graph_lib.decode_element_spec(metadata.element_spec)),
-                policy,
-                len(self._config.worker_addresses),
-                0,
-            )
-        except tf.errors.OpError as e:
-            # TensorFlow's message ends with a dump of the whole source node: keep its first line.
-            reason = re.sub(r"\{\{.*?\}\}\s*", "", e.message).split("\n")[0].strip()
-            raise status.invalid_argument(
-                f"cannot shard dataset {dataset_id!r} with policy {_POLICY_NAMES[policy]}: {reason} "
-                "(FILE sharding needs a file-based source such as list_files or TFRecordDataset of a file list; "
-                "DATA or FILE_OR_DATA shard any dataset)"
-            ) from None
-        return []
-
     def _named_job(self, request) -> int | None:
         """The id of the job named in the request, if it exists and matches it. Call with self._lock held."""
         job = self._state.job_named(request.dataset_id, request.job_name) if request.job_name else None
@@ -432,10 +263,10 @@ class DispatcherCore:
         with self._lock:
             job = self._state.job(request.job_id)
             if job is None and self._state.was_dropped("job", request.job_id):
-                raise status.not_found(f"job {request.job_id} {self._dropped_reason()}: create the job again")
+                raise status.not_found(f"job {request.job_id} {self._ctx.dropped_reason()}: create the job again")
             if job is None:
                 raise status.not_found(
-                    f"job {request.job_id} is not known to {self._where()} "
+                    f"job {request.job_id} is not known to {self._ctx.where} "
                     "(did the dispatcher restart without fault_tolerant_mode?)"
                 )
             if request.repetition < 0:
@@ -481,9 +312,7 @@ class DispatcherCore:
                 iteration_client_id=client_id, iteration_id=iteration_id
             )
         )
-        self._client_seen[client_id] = self._clock()
-        self._idle_since.pop(iteration_id, None)
-        self._retired_since.pop(iteration_id, None)
+        self._liveness.client_joined(client_id, iteration_id)
         return client_id
 
     def resume_iteration(self, request: dispatcher_pb2.ResumeIterationRequest):
@@ -509,13 +338,13 @@ class DispatcherCore:
             if dropped:
                 raise status.not_found(
                     f"the checkpoint was saved while reading task {dropped[0]}, whose iteration "
-                    f"{self._dropped_reason()}: the saved input position is gone. Restore the checkpoint without "
+                    f"{self._ctx.dropped_reason()}: the saved input position is gone. Restore the checkpoint without "
                     "the iterator to start the input anew, or raise iteration_retention_ms to resume older "
                     "checkpoints"
                 )
             if unknown:
                 raise status.not_found(
-                    f"the checkpoint was saved while reading task {unknown[0]}, which {self._where()} does not "
+                    f"the checkpoint was saved while reading task {unknown[0]}, which {self._ctx.where} does not "
                     "know: the dispatcher restarted without fault_tolerant_mode or with another work_dir, so the "
                     "saved input position is lost. Restore the checkpoint without the iterator to start the input "
                     "anew, or run the dispatcher with fault_tolerant_mode=True and a persistent work_dir"
@@ -524,22 +353,21 @@ class DispatcherCore:
             if len(iteration_ids) > 1:
                 raise status.invalid_argument(f"the saved tasks belong to several iterations: {iteration_ids}")
             saved_iteration = self._state.iteration(iteration_ids[0])
-            _check_receipts(saved_iteration.read_key, request.progress)
+            resume.check_receipts(saved_iteration.read_key, request.progress)
             saved_job = self._state.job_of(saved_iteration)
-            _check_resumable(saved_job, job_request)
-            dataset = self._dataset(job_request.dataset_id)  # still registered
+            resume.check_resumable(saved_job, job_request)
+            dataset = self._ctx.dataset(job_request.dataset_id)  # still registered
             saved = self._state.tasks_of(saved_iteration)
             positions = resume.positions(saved, consumed)
-            _check_positions(saved_job.sharding_policy, dataset.metadata.cardinality, positions, consumed)
+            resume.check_positions(saved_job.sharding_policy, dataset.metadata.cardinality, positions, consumed)
             alive = self._state.alive_workers()
             # Workers heard from lately first: a worker killed with the trainer (a replaced pod) is
             # still alive here until worker_timeout_ms, and a task given to it would wait that long.
-            now = self._clock()
-            recent = [w for w in alive if now - self._worker_seen.get(w, -math.inf) <= RESUME_RECENT_S]
+            recent = self._liveness.workers_heard_within(alive, RESUME_RECENT_S)
             alive = recent or alive
             if not alive:
                 raise status.unavailable(
-                    f"no worker is registered with {self._where()}: the restored iterator resumes once one is"
+                    f"no worker is registered with {self._ctx.where}: the restored iterator resumes once one is"
                 )
             planned = resume.plan_tasks(saved_job.sharding_policy, saved, positions, alive)
             # A job of its own, anonymous: released with its one client.
@@ -557,7 +385,7 @@ class DispatcherCore:
                     read_key=read_keys.new_secret(),
                 )
             )
-            self._copy_splits(saved_iteration, iteration_id)
+            self._splits.copy_positions(saved_iteration, iteration_id)
             for plan in planned:
                 new_tasks.append(self._create_task(iteration_id, plan.worker_address, plan.skip_elements, plan.replay))
             client_id = self._acquire_client(iteration_id)
@@ -577,23 +405,6 @@ class DispatcherCore:
             task_ids=[t.task_id for t in new_tasks],
             read_key=read_keys.client_key(self._state.iteration(iteration_id).read_key, client_id),
         )
-
-    def _copy_splits(self, saved_iteration, iteration_id: IterationId) -> None:
-        """Gives a resumed iteration the saved one's split positions and pool: the splits that no
-        saved task received. Call with self._lock held."""
-        for group, (repetition, end) in sorted(saved_iteration.split_positions.items()):
-            self._commit(
-                produce_splits=journal_pb2.ProduceSplitsUpdate(
-                    iteration_id=iteration_id, split_group=group, repetition=repetition, begin=end, end=end
-                )
-            )
-        for (group, repetition), pool in sorted(saved_iteration.returned_splits.items()):
-            for begin, end in pool:
-                self._commit(
-                    return_splits=journal_pb2.ReturnSplitsUpdate(
-                        iteration_id=iteration_id, split_group=group, repetition=repetition, begin=begin, end=end
-                    )
-                )
 
     def _create_task(
         self,
@@ -636,7 +447,7 @@ class DispatcherCore:
         iteration = self._state.iteration_of_client(client_id)
         if iteration is None:
             raise status.not_found(
-                f"iteration client {client_id} is not known to {self._where()}: it was released, timed out, "
+                f"iteration client {client_id} is not known to {self._ctx.where}: it was released, timed out, "
                 "or the dispatcher restarted without fault_tolerant_mode"
             )
         if not read_keys.matches(read_key, iteration.read_key, client_id):
@@ -657,7 +468,7 @@ class DispatcherCore:
         with self._lock:
             iteration = self._client_iteration(request.iteration_client_id, request.read_key)
             now = self._clock()
-            self._client_seen[ClientId(request.iteration_client_id)] = now
+            self._liveness.client_heard(ClientId(request.iteration_client_id))
             self._load.report_client(
                 iteration.job_id,
                 request.iteration_client_id,
@@ -668,7 +479,7 @@ class DispatcherCore:
                 request.consume_seconds,
             )
             if self._state.job_of(iteration).num_consumers:
-                self.extend_rounds(iteration.iteration_id, request.current_round, now)
+                self._rounds.extend(iteration.iteration_id, request.current_round, now)
             for task_id in request.consumed_tasks:
                 self._record_consumed(iteration, task_id)
             response = dispatcher_pb2.ClientHeartbeatResponse(
@@ -719,48 +530,11 @@ class DispatcherCore:
             ),
         )
 
-    def extend_rounds(self, iteration_id: int, current_round: int, now: float) -> None:
-        """Coordinated reads: grants the iteration's clients rounds ahead of the most advanced of
-        them, a few seconds' worth at the rate they read (at least MIN_ROUND_WINDOW), journaled
-        only when half the grant is used."""
-        if current_round < 0:
-            raise status.invalid_argument(f"current_round must be >= 0, got {current_round}")
-        with self._lock:
-            iteration = self._state.iteration(iteration_id)
-            key = iteration.iteration_id
-            last_time, last_round, rate = self._round_reports.get(key, (now, current_round, 0.0))
-            if now - last_time >= ROUND_RATE_PERIOD_S:
-                rate = max(0, current_round - last_round) / (now - last_time)
-                self._round_reports[key] = (now, max(current_round, last_round), rate)
-            elif key not in self._round_reports:
-                self._round_reports[key] = (now, current_round, 0.0)
-            window = max(MIN_ROUND_WINDOW, int(rate * ROUND_WINDOW_S))
-            if current_round + window // 2 >= iteration.round_limit:
-                self._commit(
-                    extend_rounds=journal_pb2.ExtendRoundsUpdate(iteration_id=key, round_limit=current_round + window)
-                )
-
     def release_iteration_client(self, request: dispatcher_pb2.ReleaseIterationClientRequest):
         with self._lock:
             self._client_iteration(request.iteration_client_id, request.read_key)
-            self._release_client(ClientId(request.iteration_client_id))
+            self._liveness.release_client(ClientId(request.iteration_client_id))
         return dispatcher_pb2.ReleaseIterationClientResponse()
-
-    def _release_client(self, client_id: ClientId) -> None:
-        iteration = self._state.iteration_of_client(client_id)
-        self._commit(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=client_id))
-        self._client_seen.pop(client_id, None)
-        self._load.forget_client(client_id)
-        log.info(
-            "client left", extra=ids(job_id=iteration.job_id, iteration_id=iteration.iteration_id, client_id=client_id)
-        )
-        if iteration.client_ids or iteration.finished:
-            return
-        if self._state.job_of(iteration).job_name:
-            # Another client may still join a named job: keep it until job_gc_timeout_ms.
-            self._idle_since[iteration.iteration_id] = self._clock()
-        else:
-            self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration.iteration_id))
 
     def get_workers(self, request: dispatcher_pb2.GetWorkersRequest):
         with self._lock:
@@ -771,88 +545,15 @@ class DispatcherCore:
                 ]
             )
 
-    # ---- garbage collection ------------------------------------------------------
+    # ---- liveness and garbage collection (liveness.py) -----------------------------
 
     def gc_interval_s(self) -> float:
-        """How often collect_garbage() should run: a quarter of the shortest timeout it enforces."""
-        config = self._config
-        return min(config.job_gc_check_interval_ms, config.client_timeout_ms, config.worker_timeout_ms) / 4000
+        """How often collect_garbage() should run."""
+        return self._liveness.interval_s()
 
     def collect_garbage(self) -> None:
-        """Removes workers silent for worker_timeout_ms (their unfinished tasks are lost and their
-        unstarted split ranges return to the pool), releases clients silent for
-        client_timeout_ms, ends named iterations nobody has read for job_gc_timeout_ms, and
-        drops iterations finished without clients for iteration_retention_ms."""
-        with self._lock:
-            now = self._clock()
-            for address, seen in list(self._worker_seen.items()):
-                if now - seen > self._config.worker_timeout_ms / 1000:
-                    lost = self._state.lost_tasks_of(address)
-                    log.warning(
-                        "worker missing for %.1f s: removed, tasks %s lost",
-                        now - seen,
-                        lost,
-                        extra=ids(worker=address),
-                    )
-                    self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
-                    del self._worker_seen[address]
-                    self._load.forget_worker(address)
-                    self._snapshots.assignments.forget_worker(address)
-            for client_id, seen in list(self._client_seen.items()):
-                timed_out = now - seen > self._config.client_timeout_ms / 1000
-                if timed_out and self._state.iteration_of_client(client_id) is not None:
-                    log.info("client silent for %.1f s: released", now - seen, extra=ids(client_id=client_id))
-                    self._release_client(client_id)
-            for iteration_id, since in list(self._idle_since.items()):
-                iteration = self._state.iteration(iteration_id)
-                if iteration.client_ids or iteration.finished:
-                    del self._idle_since[iteration_id]
-                elif self._config.job_gc_timeout_ms != NEVER and now - since > self._config.job_gc_timeout_ms / 1000:
-                    log.info(
-                        "iteration without clients for %.1f s: ended",
-                        now - since,
-                        extra=ids(job_id=iteration.job_id, iteration_id=iteration_id),
-                    )
-                    self._commit(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=iteration_id))
-                    del self._idle_since[iteration_id]
-            self._drop_retired_iterations(now)
-
-    def _drop_retired_iterations(self, now: float) -> None:
-        """Drops the iterations finished without clients for iteration_retention_ms, and with
-        the last iteration of a job the job (its name is free again, its rates forgotten).
-        Call with self._lock held."""
-        retention_ms = self._config.iteration_retention_ms
-        if retention_ms == NEVER:
-            return
-        retired = {iteration.iteration_id for iteration in self._state.retired_iterations()}
-        for iteration_id in list(self._retired_since):
-            if iteration_id not in retired:  # a reader joined it again (a named job's repetition)
-                del self._retired_since[iteration_id]
-        for iteration_id in sorted(retired):
-            since = self._retired_since.setdefault(iteration_id, now)
-            if now - since <= retention_ms / 1000:
-                continue
-            job_id = self._state.iteration(iteration_id).job_id
-            self._commit(drop_iteration=journal_pb2.DropIterationUpdate(iteration_id=iteration_id))
-            del self._retired_since[iteration_id]
-            self._round_reports.pop(iteration_id, None)
-            self._idle_since.pop(iteration_id, None)
-            job_dropped = self._state.job(job_id) is None
-            if job_dropped:
-                self._load.forget_job(job_id)
-            log.info(
-                "iteration dropped after %.0f s finished without clients%s",
-                now - since,
-                " (and its job)" if job_dropped else "",
-                extra=ids(job_id=job_id, iteration_id=iteration_id),
-            )
-
-    def _dropped_reason(self) -> str:
-        """Why an id in use once is not known any more, for NOT_FOUND messages."""
-        return (
-            "ended and was dropped after iteration_retention_ms "
-            f"({self._config.iteration_retention_ms} ms) without clients"
-        )
+        """Removes silent workers, releases silent clients, ends and drops unused iterations."""
+        self._liveness.collect_garbage()
 
     # ---- workers -----------------------------------------------------------------
 
@@ -867,7 +568,6 @@ class DispatcherCore:
                 "one of those addresses (--worker_address) or restart the dispatcher with a list naming it"
             )
         with self._lock:
-            self._worker_seen[address] = self._clock()
             known = self._state.worker(address)
             uid = request.worker_uid
             if known is not None and known.alive and uid and known.uid and known.uid != uid:
@@ -875,10 +575,9 @@ class DispatcherCore:
                 # tasks are lost, their unstarted splits go back to the pool.
                 lost = self._state.lost_tasks_of(address)
                 log.warning("worker restarted: tasks %s of its previous process lost", lost, extra=ids(worker=address))
-                self._commit(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=address, lost_tasks=lost))
-                self._load.forget_worker(address)
-                self._snapshots.assignments.forget_worker(address)
+                self._liveness.remove_worker(address, lost)
                 known = self._state.worker(address)
+            self._liveness.worker_heard(address)
             tags = sorted(set(request.worker_tags))
             if known is None or not known.alive or (uid and not known.uid) or known.tags != tags:
                 # New, back after it was lost, learning its uid (journaled before uids were), or
@@ -935,13 +634,13 @@ class DispatcherCore:
     def worker_update(self, request: dispatcher_pb2.WorkerUpdateRequest):
         with self._lock:
             if self._state.worker(request.worker_address) is None:
-                raise status.not_found(f"worker {request.worker_address!r} is not registered with {self._where()}")
+                raise status.not_found(f"worker {request.worker_address!r} is not registered with {self._ctx.where}")
             for task_id in request.finished_tasks:
                 task = self._state.task(task_id)
                 if task is None and self._state.was_dropped("task", task_id):
                     continue  # finished long ago: retention dropped it
                 if task is None:
-                    raise status.not_found(f"task {task_id} is not known to {self._where()}")
+                    raise status.not_found(f"task {task_id} is not known to {self._ctx.where}")
                 if task.worker_address != request.worker_address:
                     raise status.invalid_argument(
                         f"task {task_id} belongs to worker {task.worker_address}, not {request.worker_address}"
@@ -962,88 +661,10 @@ class DispatcherCore:
     def commit_snapshot_chunk(self, request: dispatcher_pb2.CommitSnapshotChunkRequest):
         return self._snapshots.commit(request)
 
-    # ---- distributed_epoch splits --------------------------------------------------
+    # ---- distributed_epoch splits (split_handout.py) ----------------------------------
 
     def get_splits(self, request: dispatcher_pb2.GetSplitsRequest) -> dispatcher_pb2.GetSplitsResponse:
-        """The next range of splits for a task's source: a retry of the same (group, repetition,
-        index) gets the same range; asking for range k+1 says that range k started; ranges
-        returned by lost workers go out first; otherwise a fair share of what is left."""
-        if request.repetition < 0 or request.max_splits < 0:
-            raise status.invalid_argument("repetition and max_splits must be >= 0")
-        with self._lock:
-            iteration = self._state.iteration(request.iteration_id)
-            if iteration is None:
-                raise status.not_found(f"iteration {request.iteration_id} is not known to {self._where()}")
-            job = self._state.job_of(iteration)
-            if job.sharding_policy != common_pb2.SHARDING_POLICY_DYNAMIC:
-                raise status.failed_precondition(
-                    f"iteration {request.iteration_id} is not a distributed_epoch iteration: it has no splits"
-                )
-            if not 0 <= request.split_group < len(job.split_group_sizes):
-                raise status.invalid_argument(
-                    f"split group {request.split_group} out of range: the pipeline has {len(job.split_group_sizes)}"
-                )
-            task = self._state.task(request.task_id)
-            if task is None or task.iteration_id != iteration.iteration_id:
-                raise status.invalid_argument(
-                    f"task {request.task_id} is not a task of iteration {iteration.iteration_id}"
-                )
-            return self._next_splits(job, iteration, task.task_id, request)
-
-    def _next_splits(self, job: Job, iteration, task_id: TaskId, request) -> dispatcher_pb2.GetSplitsResponse:
-        group, repetition, index = request.split_group, request.repetition, request.index
-        key = (task_id, group, repetition, index)
-        if index > 0 and (task_id, group, repetition, index - 1) in iteration.outstanding_splits:
-            self._commit(
-                start_splits=journal_pb2.StartSplitsUpdate(
-                    iteration_id=iteration.iteration_id,
-                    task_id=task_id,
-                    split_group=group,
-                    repetition=repetition,
-                    index=index - 1,
-                )
-            )
-        if key in iteration.outstanding_splits:  # a retry: the same answer again
-            begin, end = iteration.outstanding_splits[key]
-            return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
-        if iteration.finished or self._state.task(task_id).finished:
-            return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-
-        def hand_out(begin: int, end: int, from_pool: bool, replayed: bool = False) -> dispatcher_pb2.GetSplitsResponse:
-            self._commit(
-                produce_splits=journal_pb2.ProduceSplitsUpdate(
-                    iteration_id=iteration.iteration_id,
-                    split_group=group,
-                    repetition=repetition,
-                    begin=begin,
-                    end=end,
-                    task_id=task_id,
-                    index=index,
-                    from_pool=from_pool,
-                    replayed=replayed,
-                )
-            )
-            return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
-
-        replay = self._state.task(task_id).replay.get((group, repetition), [])
-        if index < len(replay):
-            return hand_out(*replay[index], from_pool=False, replayed=True)
-
-        pool = iteration.returned_splits.get((group, repetition))
-        if pool:
-            return hand_out(*pool[0], from_pool=True)
-        current, begin = self._state.split_position(iteration, group)
-        if repetition < current:
-            return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-        if repetition > current:
-            begin = 0
-        remaining = job.split_group_sizes[group] - begin
-        if remaining <= 0:
-            return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
-        count = split_range_size(
-            remaining, self._state.unfinished_task_count(iteration), request.max_splits or DEFAULT_MAX_SPLITS
-        )
-        return hand_out(begin, begin + count, from_pool=False)
+        return self._splits.get_splits(request)
 
 
 def _check_totals(what: str, **totals: float) -> None:
@@ -1053,76 +674,13 @@ def _check_totals(what: str, **totals: float) -> None:
             raise status.invalid_argument(f"{what}: {name} must be a finite number >= 0, got {value}")
 
 
-def _rebuild(updates: list[journal_pb2.Update]) -> list[journal_pb2.Update]:
-    """The updates that rebuild the state `updates` make (a snapshot's content)."""
-    return DispatcherState.replay(updates).to_updates()
-
-
-def _check_positions(sharding_policy: int, cardinality: int, positions: dict[int, int], named: Iterable[int]) -> None:
-    """INVALID_ARGUMENT for a checkpoint whose positions (resume.positions; `named`: the tasks the
-    checkpoint names) the journal says are impossible: a task past the end of a dataset of known
-    cardinality (every task's stream is at most one pass; in distributed_epoch all tasks together
-    are). Receipts (_check_receipts) bound each task by what it sent; this bound also holds for
-    the elements a resumed task skipped before its stream began."""
-    if cardinality < 0:
-        return
-    for task_id in named:
-        if positions[task_id] > cardinality:
-            raise status.invalid_argument(
-                f"the checkpoint says its consumer had gone {positions[task_id]} elements into task {task_id}, "
-                f"but the dataset has {cardinality}: the checkpoint is not of this dataset, or was altered"
-            )
-    if sharding_policy == common_pb2.SHARDING_POLICY_DYNAMIC and sum(positions.values()) > cardinality:
-        raise status.invalid_argument(
-            f"the checkpoint says its consumer had taken {sum(positions.values())} elements of an epoch of "
-            f"{cardinality} (distributed_epoch): the checkpoint is not of this dataset, or was altered"
-        )
-
-
-def _check_receipts(secret: str, progress: Iterable[dispatcher_pb2.TaskProgress]) -> None:
-    """INVALID_ARGUMENT for a saved position that no receipt of its task covers (read_keys.py):
-    a consumer cannot have taken more of a task than the task's worker sent it."""
-    for p in progress:
-        if p.elements == 0:
-            continue
-        if not read_keys.receipt_matches(p.receipt, secret, p.task_id, p.receipt_elements):
-            raise status.invalid_argument(
-                f"the checkpoint's position in task {p.task_id} ({p.elements} elements) carries no valid receipt "
-                "from the task's worker: the checkpoint was altered, or saved by a client too old to keep receipts"
-            )
-        if p.elements > p.receipt_elements:
-            raise status.invalid_argument(
-                f"the checkpoint says its consumer had taken {p.elements} elements of task {p.task_id}, but the "
-                f"task's receipt covers {p.receipt_elements}: the checkpoint was altered"
-            )
-
-
-def _check_resumable(saved: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:
-    """A restored iterator must read what the saved one read; the error names every mismatch."""
-    mismatches = []
-    if saved.dataset_id != request.dataset_id:
-        mismatches.append(
-            f"the saved iterator read dataset {saved.dataset_id!r}, this one reads dataset {request.dataset_id!r} "
-            "(the same pipeline definition registers as the same dataset)"
-        )
-    if saved.sharding_policy != request.processing_mode.sharding_policy:
-        mismatches.append(
-            f"the saved iterator read in processing mode {_POLICY_NAMES[saved.sharding_policy]}, this one in "
-            f"{_POLICY_NAMES.get(request.processing_mode.sharding_policy, request.processing_mode.sharding_policy)}"
-        )
-    if mismatches:
-        raise status.failed_precondition(
-            "cannot restore the iterator into a different pipeline: " + "; ".join(mismatches)
-        )
-
-
 def _check_same_job(job: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:
     """A request for an existing named job must ask for the same job; the error names every mismatch."""
     mismatches = []
     if job.sharding_policy != request.processing_mode.sharding_policy:
         mismatches.append(
-            f"processing mode {_POLICY_NAMES[job.sharding_policy]} vs "
-            f"{_POLICY_NAMES[request.processing_mode.sharding_policy]}"
+            f"processing mode {POLICY_NAMES[job.sharding_policy]} vs "
+            f"{POLICY_NAMES[request.processing_mode.sharding_policy]}"
         )
     if job.num_consumers != request.num_consumers:
         mismatches.append(f"num_consumers {job.num_consumers} vs {request.num_consumers}")

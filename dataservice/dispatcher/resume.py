@@ -16,7 +16,8 @@ worker skips what the consumer had taken:
 - static sharding: a task's shard is its worker's, so it continues there.
 
 Workers that get no replaying task get a fresh one, as when a worker joins.
-Pure functions of the state; the core commits what they plan.
+Pure functions of the state, and the checks that refuse an impossible or altered
+checkpoint; the core commits what they plan.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from dataservice.dispatcher.state import Task, TaskId
-from dataservice.v1 import common_pb2, journal_pb2
+from dataservice import read_keys, status
+from dataservice.dispatcher.state import Job, Task, TaskId
+from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
+
+POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 
 
 @dataclasses.dataclass
@@ -87,3 +91,63 @@ def plan_tasks(
     covered = {p.worker_address for p in planned}
     planned.extend(PlannedTask(w) for w in workers if w not in covered)
     return planned
+
+
+def check_positions(
+    sharding_policy: int, cardinality: int, saved_positions: dict[int, int], named: Iterable[int]
+) -> None:
+    """INVALID_ARGUMENT for a checkpoint whose positions (`saved_positions`, from positions();
+    `named`: the tasks the checkpoint names) the journal says are impossible: a task past the end
+    of a dataset of known cardinality (every task's stream is at most one pass; in distributed_epoch all tasks together
+    are). Receipts (check_receipts) bound each task by what it sent; this bound also holds for
+    the elements a resumed task skipped before its stream began."""
+    if cardinality < 0:
+        return
+    for task_id in named:
+        if saved_positions[task_id] > cardinality:
+            raise status.invalid_argument(
+                f"the checkpoint says its consumer had gone {saved_positions[task_id]} elements into task {task_id}, "
+                f"but the dataset has {cardinality}: the checkpoint is not of this dataset, or was altered"
+            )
+    if sharding_policy == common_pb2.SHARDING_POLICY_DYNAMIC and sum(saved_positions.values()) > cardinality:
+        raise status.invalid_argument(
+            f"the checkpoint says its consumer had taken {sum(saved_positions.values())} elements of an epoch of "
+            f"{cardinality} (distributed_epoch): the checkpoint is not of this dataset, or was altered"
+        )
+
+
+def check_receipts(secret: str, progress: Iterable[dispatcher_pb2.TaskProgress]) -> None:
+    """INVALID_ARGUMENT for a saved position that no receipt of its task covers (read_keys.py):
+    a consumer cannot have taken more of a task than the task's worker sent it."""
+    for p in progress:
+        if p.elements == 0:
+            continue
+        if not read_keys.receipt_matches(p.receipt, secret, p.task_id, p.receipt_elements):
+            raise status.invalid_argument(
+                f"the checkpoint's position in task {p.task_id} ({p.elements} elements) carries no valid receipt "
+                "from the task's worker: the checkpoint was altered, or saved by a client too old to keep receipts"
+            )
+        if p.elements > p.receipt_elements:
+            raise status.invalid_argument(
+                f"the checkpoint says its consumer had taken {p.elements} elements of task {p.task_id}, but the "
+                f"task's receipt covers {p.receipt_elements}: the checkpoint was altered"
+            )
+
+
+def check_resumable(saved: Job, request: dispatcher_pb2.GetOrCreateJobRequest) -> None:
+    """A restored iterator must read what the saved one read; the error names every mismatch."""
+    mismatches = []
+    if saved.dataset_id != request.dataset_id:
+        mismatches.append(
+            f"the saved iterator read dataset {saved.dataset_id!r}, this one reads dataset {request.dataset_id!r} "
+            "(the same pipeline definition registers as the same dataset)"
+        )
+    if saved.sharding_policy != request.processing_mode.sharding_policy:
+        mismatches.append(
+            f"the saved iterator read in processing mode {POLICY_NAMES[saved.sharding_policy]}, this one in "
+            f"{POLICY_NAMES.get(request.processing_mode.sharding_policy, request.processing_mode.sharding_policy)}"
+        )
+    if mismatches:
+        raise status.failed_precondition(
+            "cannot restore the iterator into a different pipeline: " + "; ".join(mismatches)
+        )

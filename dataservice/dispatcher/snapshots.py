@@ -12,15 +12,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import snapshot_pb2
 
 from dataservice import status
+from dataservice.dispatcher.context import CoreContext
 from dataservice.dispatcher.dataset_store import DatasetStore
-from dataservice.dispatcher.state import Dataset, DispatcherState, Snapshot
+from dataservice.dispatcher.state import Snapshot
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import splits
@@ -126,29 +126,24 @@ def chunk_def(snapshot: Snapshot, index: int) -> common_pb2.SnapshotChunkDef:
 
 
 class SnapshotCoordinator:
-    """The dispatcher's distributed_save requests. Shares the core's state, lock and commit
-    (journal, then apply); methods marked "lock held" are called by the core under its lock."""
+    """The dispatcher's distributed_save requests, on the core's context (context.py); methods
+    marked "lock held" are called by the core under its lock."""
 
     def __init__(
         self,
-        state: DispatcherState,
-        commit: Callable[..., None],
-        lock: threading.RLock,
+        ctx: CoreContext,
         datasets: DatasetStore,
-        registered: Callable[[str], Dataset],
-        fault_tolerant: bool,
         max_snapshots_per_worker: int,
-        where: str,
         snapshot_roots: Sequence[str] | None = None,
     ):
-        self._state = state
-        self._commit = commit
-        self._lock = lock
+        self._state = ctx.state
+        self._commit = ctx.commit
+        self._lock = ctx.lock
         self._datasets = datasets
-        # The registered dataset of an id (core's lookup: NOT_FOUND for an unknown one).
-        self._registered = registered
-        self._fault_tolerant = fault_tolerant
-        self._where = where
+        # The registered dataset of an id (NOT_FOUND for an unknown one).
+        self._registered = ctx.dataset
+        self._fault_tolerant = ctx.config.fault_tolerant_mode
+        self._where = ctx.where
         # Where distributed_save may write (DispatcherConfig.snapshot_roots); None: anywhere.
         self._snapshot_roots = [os.path.realpath(root) for root in snapshot_roots] if snapshot_roots else None
         self.assignments = ChunkAssignments(max_snapshots_per_worker)

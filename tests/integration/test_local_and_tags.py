@@ -84,7 +84,7 @@ def test_worker_tags_reach_the_dispatcher_and_are_checked(tmp_path):
         cluster.add_worker(worker_tags=["COLOCATED", "rack-3"])
         workers = cluster.dispatcher._core.status()["workers"]
         assert len(workers) == 1
-        state_worker = cluster.dispatcher._core._state.workers()[0]
+        state_worker = cluster.dispatcher._core.state.workers()[0]
         assert state_worker.tags == ["COLOCATED", "rack-3"]
     finally:
         cluster.stop()

@@ -22,7 +22,9 @@ from dispatcher_helpers import (
 from dataservice import read_keys, status
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import journal
-from dataservice.dispatcher.core import MIN_ROUND_WINDOW, DispatcherCore, split_range_size
+from dataservice.dispatcher.core import DispatcherCore
+from dataservice.dispatcher.rounds import MIN_ROUND_WINDOW
+from dataservice.dispatcher.split_handout import split_range_size
 from dataservice.dispatcher.state import DispatcherState
 from dataservice.v1 import dispatcher_pb2
 
@@ -204,7 +206,7 @@ def test_job_gc_timeout_minus_one_keeps_named_iterations_for_good(clock, notifie
         core.collect_garbage()
     # The anonymous iteration ended with its client; the named one waits for another.
     assert core.summary()["unfinished_iterations"] == 1
-    assert [t.task_id for t in core._state.active_tasks_of_worker("w1:1")] == [1]
+    assert [t.task_id for t in core.state.active_tasks_of_worker("w1:1")] == [1]
 
 
 def test_a_silent_client_is_released_and_a_live_one_kept(clock, notifier):
@@ -239,13 +241,13 @@ def test_unknown_objects_are_not_found_with_the_dispatchers_address(clock, notif
 def test_snapshots_are_written_in_the_background_and_a_restart_recovers_the_state(tmp_path, clock, notifier):
     writer = journal.JournalWriter(tmp_path, 0, chunk_bytes=1024)
     config = DispatcherConfig(worker_timeout_ms=2000, client_timeout_ms=3000, job_gc_timeout_ms=5000)
-    core = DispatcherCore(config, "test:0", journal=writer, clock=clock, notifier=notifier, snapshot_every=7)
+    core = DispatcherCore(config, "test:0", journal=writer, clock=clock, notifier=notifier, compact_every=7)
     heartbeat(core, "w1:1", uid=1)
     heartbeat(core, "w2:1", uid=2)
     dataset_id = register(core, tf.data.Dataset.range(100))
     for name in ("a", "b", "c", "d"):
         start_iteration(core, dataset_id, DYNAMIC, job_name=name)
-    assert core.wait_for_snapshot(30)
+    assert core.wait_for_journal_compaction(30)
     writer.close()
     assert any(p.name.startswith("snapshot-") for p in tmp_path.iterdir())
     state = DispatcherState.replay(journal.read(tmp_path).updates)

@@ -77,7 +77,7 @@ def test_distributed_epoch_resume_replays_each_task_then_hands_out_the_rest(cloc
 
     resumed = resume(core, notifier, dataset_id, DYNAMIC, {t1: 40, t2: 7})
     assert resumed.repetition == 0 and resumed.iteration_id != iteration.iteration_id
-    state = core._state  # the test reads the state the core keeps
+    state = core.state  # the test reads the state the core keeps
     new_tasks = [state.task(t) for t in resumed.task_ids]
     assert sorted(t.skip_elements for t in new_tasks) == [7, 40]
     assert sorted(t.worker_address for t in new_tasks) == ["w1:1", "w2:1"]
@@ -104,12 +104,12 @@ def test_a_resumed_iteration_resumes_again_and_survives_a_snapshot(clock, notifi
     # The resumed task takes one of its two replayed ranges and one is still to come, when the
     # trainer is killed again: the next resume replays both, and skips what both saves had taken.
     assert splits(core, once.iteration_id, replaying, 0)[:2] == first[0]
-    rebuilt = DispatcherState.replay(core._state.to_updates())
+    rebuilt = DispatcherState.replay(core.state.to_updates())
     rebuilt.validate()
-    assert rebuilt.task(replaying).replay == core._state.task(replaying).replay
+    assert rebuilt.task(replaying).replay == core.state.task(replaying).replay
     twice = resume(core, notifier, dataset_id, DYNAMIC, {replaying: 5})
     (again,) = twice.task_ids
-    assert core._state.task(again).skip_elements == 15
+    assert core.state.task(again).skip_elements == 15
     assert drain(core, twice.iteration_id, again)[:2] == first
 
 
@@ -121,7 +121,7 @@ def test_parallel_epochs_resume_continues_each_stream_on_its_worker(clock, notif
     iteration = start_iteration(core, dataset_id)
     tasks = tasks_by_worker(core, iteration.iteration_client_id)
     resumed = resume(core, notifier, dataset_id, OFF, {tasks["w1:1"]: 30, tasks["w2:1"]: 12})
-    placed = {core._state.task(t).worker_address: core._state.task(t).skip_elements for t in resumed.task_ids}
+    placed = {core.state.task(t).worker_address: core.state.task(t).skip_elements for t in resumed.task_ids}
     assert placed == {"w1:1": 30, "w2:1": 12}
     # The workers are told, with the elements to skip.
     assert {w for w, t in notifier.tasks if t in resumed.task_ids} == {"w1:1", "w2:1"}
@@ -136,7 +136,7 @@ def test_resume_prefers_workers_heard_from_lately(clock, notifier):
     clock.advance(10)  # the old worker was killed with the trainer; a new one came up
     heartbeat(core, "new:1")
     resumed = resume(core, notifier, dataset_id, OFF, {task: 3})
-    assert [core._state.task(t).worker_address for t in resumed.task_ids] == ["new:1"]
+    assert [core.state.task(t).worker_address for t in resumed.task_ids] == ["new:1"]
 
 
 def test_a_lost_replaying_task_keeps_its_input_for_the_next_resume(clock, notifier):
@@ -152,12 +152,12 @@ def test_a_lost_replaying_task_keeps_its_input_for_the_next_resume(clock, notifi
     clock.advance(3)
     heartbeat(core, "w2:1")
     core.collect_garbage()  # w1 is lost: its replay task with it
-    assert core._state.task(replaying).lost
+    assert core.state.task(replaying).lost
     # Nothing of its input went to another task (its consumer had taken some of it) ...
-    assert not core._state.iteration(once.iteration_id).returned_splits
+    assert not core.state.iteration(once.iteration_id).returned_splits
     # ... a later resume replays all of it.
     twice = resume(core, notifier, dataset_id, DYNAMIC, {replaying: 0})
-    replays = [t for t in twice.task_ids if core._state.task(t).skip_elements == 20]
+    replays = [t for t in twice.task_ids if core.state.task(t).skip_elements == 20]
     assert len(replays) == 1 and drain(core, twice.iteration_id, replays[0])[:2] == saved
 
 
@@ -242,7 +242,7 @@ def test_positions_no_receipt_of_the_task_covers_are_refused(clock, notifier):
         dispatcher_pb2.ResumeIterationRequest(job=job_request(dataset_id, OFF), progress=[honest])
     )
     # Nothing taken needs no receipt (a checkpoint saved before the first element of a task).
-    assert [core._state.task(t).skip_elements for t in resumed.task_ids] == [40]
+    assert [core.state.task(t).skip_elements for t in resumed.task_ids] == [40]
     resume(core, notifier, dataset_id, OFF, {task: 0})
 
 
@@ -252,21 +252,21 @@ def test_resume_is_journaled_and_snapshots_keep_what_it_needs(clock, notifier, t
 
     writer = journal.JournalWriter(tmp_path, 0, chunk_bytes=1024)
     config = DispatcherConfig(worker_timeout_ms=2000, client_timeout_ms=3000, job_gc_timeout_ms=5000)
-    core = DispatcherCore(config, "test:0", journal=writer, clock=clock, notifier=notifier, snapshot_every=5)
+    core = DispatcherCore(config, "test:0", journal=writer, clock=clock, notifier=notifier, compact_every=5)
     heartbeat(core, "w1:1")
     dataset_id = register(core, tf.data.Dataset.range(100))
     iteration = start_iteration(core, dataset_id, policy=DYNAMIC)
     (task,) = tasks_by_worker(core, iteration.iteration_client_id).values()
     saved = [splits(core, iteration.iteration_id, task, i)[:2] for i in range(3)]
     resumed = resume(core, notifier, dataset_id, DYNAMIC, {task: 4})
-    assert core.wait_for_snapshot(30)
+    assert core.wait_for_journal_compaction(30)
     writer.close()
     rebuilt = DispatcherState.replay(journal.read(tmp_path).updates)
     rebuilt.validate()
     (new_task,) = resumed.task_ids
     assert rebuilt.task(new_task).skip_elements == 4
     assert rebuilt.task(new_task).replay == {(0, 0): saved}
-    assert rebuilt.task(task).received == core._state.task(task).received
+    assert rebuilt.task(task).received == core.state.task(task).received
     assert rebuilt.iteration(resumed.iteration_id).resumes_iteration_id == iteration.iteration_id
 
 

@@ -129,7 +129,7 @@ def test_the_drop_is_journaled_and_a_restart_replays_it(tmp_path):
         worker_timeout_ms=2000, client_timeout_ms=3000, job_gc_timeout_ms=5000, iteration_retention_ms=RETENTION_MS
     )
     writer = journal.JournalWriter(tmp_path, 0)
-    core = DispatcherCore(config, "test:0", journal=writer, clock=clock, notifier=notifier, snapshot_every=5)
+    core = DispatcherCore(config, "test:0", journal=writer, clock=clock, notifier=notifier, compact_every=5)
     heartbeat(core, "w1:1")
     dataset_id = register(core, tf.data.Dataset.range(10))
     old = [start_iteration(core, dataset_id, job_name=f"old-{i}") for i in range(3)]
@@ -139,7 +139,7 @@ def test_the_drop_is_journaled_and_a_restart_replays_it(tmp_path):
     gc_after(core, clock, 6)
     gc_after(core, clock, RETENTION_MS / 1000 + 1)
     assert core.summary()["jobs"] == 1
-    assert core.wait_for_snapshot(30)
+    assert core.wait_for_journal_compaction(30)
     writer.close()
     restored = DispatcherState.replay(journal.read(tmp_path).updates)
     restored.validate()

@@ -140,7 +140,7 @@ def test_after_a_restart_workers_keep_their_chunks_and_drop_committed_ones(tmp_p
     heartbeat(core, "w1:1")
     write(path, 0)
     commit(core, "w1:1", path, 0)
-    restarted = make_core(tmp_path, state=DispatcherState.replay(core._state.to_updates()))
+    restarted = make_core(tmp_path, state=DispatcherState.replay(core.state.to_updates()))
     response = restarted.worker_heartbeat(
         dispatcher_pb2.WorkerHeartbeatRequest(
             worker_address="w1:1",

@@ -1,0 +1,28 @@
+"""The dispatcher's parts that decide (the state machine and the seams of its core) import no
+TensorFlow: only dataset admission and distributed_save need it (dispatcher/core.py's docstring)."""
+
+import subprocess
+import sys
+
+from conftest import REPO_ROOT
+
+PURE_DISPATCHER_MODULES = [
+    "dataservice.dispatcher.context",
+    "dataservice.dispatcher.state",
+    "dataservice.dispatcher.split_handout",
+    "dataservice.dispatcher.rounds",
+    "dataservice.dispatcher.liveness",
+    "dataservice.dispatcher.resume",
+    "dataservice.dispatcher.task_changes",
+    "dataservice.dispatcher.load",
+    "dataservice.dispatcher.journal",
+]
+
+
+def test_the_dispatchers_deciding_parts_import_no_tensorflow():
+    # In a fresh interpreter where importing tensorflow fails (None in sys.modules).
+    script = "import sys\nsys.modules['tensorflow'] = None\n" + "".join(
+        f"import {module}\n" for module in PURE_DISPATCHER_MODULES
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"a module imported tensorflow:\n{result.stderr}"
