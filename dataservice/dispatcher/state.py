@@ -40,6 +40,17 @@ class Dataset:
     fingerprint: str
     metadata: common_pb2.DatasetMetadata
 
+    @classmethod
+    def registered(cls, u: journal_pb2.RegisterDatasetUpdate) -> Dataset:
+        metadata = common_pb2.DatasetMetadata()
+        metadata.CopyFrom(u.metadata)
+        return cls(DatasetId(u.dataset_id), u.fingerprint, metadata)
+
+    def registration(self) -> journal_pb2.RegisterDatasetUpdate:
+        return journal_pb2.RegisterDatasetUpdate(
+            dataset_id=self.dataset_id, fingerprint=self.fingerprint, metadata=self.metadata
+        )
+
 
 @dataclasses.dataclass
 class Worker:
@@ -50,6 +61,18 @@ class Worker:
     # The worker process's random id (0: not known); another one at the same address is a restart.
     uid: int = 0
     tags: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def registered(cls, u: journal_pb2.RegisterWorkerUpdate) -> Worker:
+        return cls(WorkerAddress(u.worker_address), u.transfer_address, uid=u.worker_uid, tags=list(u.worker_tags))
+
+    def registration(self) -> journal_pb2.RegisterWorkerUpdate:
+        return journal_pb2.RegisterWorkerUpdate(
+            worker_address=self.address,
+            transfer_address=self.transfer_address,
+            worker_uid=self.uid,
+            worker_tags=self.tags,
+        )
 
 
 @dataclasses.dataclass
@@ -66,6 +89,31 @@ class Job:
     use_cross_trainer_cache: bool = False
     # repetition -> iteration id
     iterations: dict[int, IterationId] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def created(cls, u: journal_pb2.CreateJobUpdate) -> Job:
+        return cls(
+            job_id=JobId(u.job_id),
+            dataset_id=DatasetId(u.dataset_id),
+            sharding_policy=u.processing_mode.sharding_policy,
+            job_name=u.job_name,
+            num_consumers=u.num_consumers,
+            target_workers=u.target_workers,
+            split_group_sizes=list(u.split_group_sizes),
+            use_cross_trainer_cache=u.use_cross_trainer_cache,
+        )
+
+    def creation(self) -> journal_pb2.CreateJobUpdate:
+        return journal_pb2.CreateJobUpdate(
+            job_id=self.job_id,
+            dataset_id=self.dataset_id,
+            processing_mode=common_pb2.ProcessingModeDef(sharding_policy=self.sharding_policy),
+            job_name=self.job_name,
+            num_consumers=self.num_consumers,
+            target_workers=self.target_workers,
+            split_group_sizes=self.split_group_sizes,
+            use_cross_trainer_cache=self.use_cross_trainer_cache,
+        )
 
 
 @dataclasses.dataclass
@@ -95,6 +143,25 @@ class Iteration:
     unfinished_tasks: int = 0
     completed_tasks: int = 0
 
+    @classmethod
+    def created(cls, u: journal_pb2.CreateIterationUpdate) -> Iteration:
+        return cls(
+            IterationId(u.iteration_id),
+            JobId(u.job_id),
+            u.repetition,
+            resumes_iteration_id=u.resumes_iteration_id,
+            read_key=u.read_key,
+        )
+
+    def creation(self) -> journal_pb2.CreateIterationUpdate:
+        return journal_pb2.CreateIterationUpdate(
+            iteration_id=self.iteration_id,
+            job_id=self.job_id,
+            repetition=self.repetition,
+            resumes_iteration_id=self.resumes_iteration_id,
+            read_key=self.read_key,
+        )
+
 
 @dataclasses.dataclass
 class Task:
@@ -114,6 +181,33 @@ class Task:
     # distributed_epoch: the ranges it received and kept, (group, repetition, index) -> (begin, end);
     # a restored iterator's new task replays them.
     received: dict[tuple[int, int, int], tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def created(cls, u: journal_pb2.CreateTaskUpdate) -> Task:
+        task = cls(
+            TaskId(u.task_id),
+            IterationId(u.iteration_id),
+            WorkerAddress(u.worker_address),
+            starting_round=u.starting_round,
+            skip_elements=u.skip_elements,
+        )
+        for r in u.replay:
+            task.replay.setdefault((r.split_group, r.repetition), []).append((r.begin, r.end))
+        return task
+
+    def creation(self) -> journal_pb2.CreateTaskUpdate:
+        return journal_pb2.CreateTaskUpdate(
+            task_id=self.task_id,
+            iteration_id=self.iteration_id,
+            worker_address=self.worker_address,
+            starting_round=self.starting_round,
+            skip_elements=self.skip_elements,
+            replay=[
+                journal_pb2.SplitRange(split_group=g, repetition=r, begin=b, end=e)
+                for (g, r), ranges in sorted(self.replay.items())
+                for b, e in ranges
+            ],
+        )
 
 
 @dataclasses.dataclass
@@ -135,6 +229,19 @@ class Snapshot:
     @property
     def elements(self) -> int:
         return sum(n for n, _ in self.committed.values())
+
+    @classmethod
+    def started(cls, u: journal_pb2.StartSnapshotUpdate) -> Snapshot:
+        return cls(u.path, DatasetId(u.dataset_id), u.compression, list(u.group_sizes), u.num_chunks)
+
+    def start(self) -> journal_pb2.StartSnapshotUpdate:
+        return journal_pb2.StartSnapshotUpdate(
+            path=self.path,
+            dataset_id=self.dataset_id,
+            compression=self.compression,
+            group_sizes=self.group_sizes,
+            num_chunks=self.num_chunks,
+        )
 
 
 class DispatcherState:
@@ -174,52 +281,28 @@ class DispatcherState:
         handler(self, getattr(update, kind))
 
     def _apply_register_dataset(self, u: journal_pb2.RegisterDatasetUpdate) -> None:
-        metadata = common_pb2.DatasetMetadata()
-        metadata.CopyFrom(u.metadata)
-        self._datasets[u.dataset_id] = Dataset(u.dataset_id, u.fingerprint, metadata)
+        self._datasets[u.dataset_id] = Dataset.registered(u)
         self._dataset_by_fingerprint.setdefault(u.fingerprint, u.dataset_id)
         if u.dataset_id.isdigit():
             self._bump("dataset", int(u.dataset_id))
 
     def _apply_register_worker(self, u: journal_pb2.RegisterWorkerUpdate) -> None:
-        self._workers[u.worker_address] = Worker(
-            u.worker_address, u.transfer_address, uid=u.worker_uid, tags=list(u.worker_tags)
-        )
+        self._workers[u.worker_address] = Worker.registered(u)
         self._tasks_by_worker.setdefault(u.worker_address, [])
 
     def _apply_create_job(self, u: journal_pb2.CreateJobUpdate) -> None:
-        self._jobs[u.job_id] = Job(
-            job_id=u.job_id,
-            dataset_id=u.dataset_id,
-            sharding_policy=u.processing_mode.sharding_policy,
-            job_name=u.job_name,
-            num_consumers=u.num_consumers,
-            target_workers=u.target_workers,
-            split_group_sizes=list(u.split_group_sizes),
-            use_cross_trainer_cache=u.use_cross_trainer_cache,
-        )
+        self._jobs[u.job_id] = Job.created(u)
         if u.job_name:
             self._job_by_name[(u.dataset_id, u.job_name)] = u.job_id
         self._bump("job", u.job_id)
 
     def _apply_create_iteration(self, u: journal_pb2.CreateIterationUpdate) -> None:
-        self._iterations[u.iteration_id] = Iteration(
-            u.iteration_id, u.job_id, u.repetition, resumes_iteration_id=u.resumes_iteration_id, read_key=u.read_key
-        )
+        self._iterations[u.iteration_id] = Iteration.created(u)
         self._jobs[u.job_id].iterations[u.repetition] = u.iteration_id
         self._bump("iteration", u.iteration_id)
 
     def _apply_create_task(self, u: journal_pb2.CreateTaskUpdate) -> None:
-        task = Task(
-            u.task_id,
-            u.iteration_id,
-            u.worker_address,
-            starting_round=u.starting_round,
-            skip_elements=u.skip_elements,
-        )
-        for r in u.replay:
-            task.replay.setdefault((r.split_group, r.repetition), []).append((r.begin, r.end))
-        self._tasks[u.task_id] = task
+        self._tasks[u.task_id] = Task.created(u)
         iteration = self._iterations[u.iteration_id]
         iteration.task_ids.append(u.task_id)
         iteration.unfinished_tasks += 1
@@ -322,9 +405,7 @@ class DispatcherState:
             self._next_ids[kind] = max(self._next_ids[kind], getattr(u, f"next_{kind}_id"))
 
     def _apply_start_snapshot(self, u: journal_pb2.StartSnapshotUpdate) -> None:
-        self._snapshots[u.path] = Snapshot(
-            u.path, DatasetId(u.dataset_id), u.compression, list(u.group_sizes), u.num_chunks
-        )
+        self._snapshots[u.path] = Snapshot.started(u)
 
     def _apply_commit_snapshot_chunk(self, u: journal_pb2.CommitSnapshotChunkUpdate) -> None:
         self._snapshots[u.path].committed[u.chunk_index] = (u.num_records, u.uncommitted_file)
@@ -341,142 +422,47 @@ class DispatcherState:
     # ---- snapshots ---------------------------------------------------------
 
     def to_updates(self) -> list[journal_pb2.Update]:
-        """Updates that, applied to an empty state, rebuild this one (a journal snapshot)."""
+        """Updates that, applied to an empty state, rebuild this one (a compacted journal). Each
+        entity makes its own creation update (Job.creation() beside Job.created(), which apply()
+        uses), so a field added to an entity is journaled and compacted in one place."""
         U = journal_pb2.Update
         out: list[journal_pb2.Update] = []
-        for d in self._datasets.values():
-            out.append(
-                U(
-                    register_dataset=journal_pb2.RegisterDatasetUpdate(
-                        dataset_id=d.dataset_id, fingerprint=d.fingerprint, metadata=d.metadata
-                    )
-                )
-            )
-        for w in self._workers.values():
-            out.append(
-                U(
-                    register_worker=journal_pb2.RegisterWorkerUpdate(
-                        worker_address=w.address,
-                        transfer_address=w.transfer_address,
-                        worker_uid=w.uid,
-                        worker_tags=w.tags,
-                    )
-                )
-            )
-        for j in sorted(self._jobs.values(), key=lambda j: j.job_id):
-            out.append(
-                U(
-                    create_job=journal_pb2.CreateJobUpdate(
-                        job_id=j.job_id,
-                        dataset_id=j.dataset_id,
-                        processing_mode=common_pb2.ProcessingModeDef(sharding_policy=j.sharding_policy),
-                        job_name=j.job_name,
-                        num_consumers=j.num_consumers,
-                        target_workers=j.target_workers,
-                        split_group_sizes=j.split_group_sizes,
-                        use_cross_trainer_cache=j.use_cross_trainer_cache,
-                    )
-                )
-            )
+        out.extend(U(register_dataset=d.registration()) for d in self._datasets.values())
+        out.extend(U(register_worker=w.registration()) for w in self._workers.values())
+        out.extend(U(create_job=j.creation()) for j in sorted(self._jobs.values(), key=lambda j: j.job_id))
         iterations = sorted(self._iterations.values(), key=lambda i: i.iteration_id)
         for it in iterations:
-            out.append(
-                U(
-                    create_iteration=journal_pb2.CreateIterationUpdate(
-                        iteration_id=it.iteration_id,
-                        job_id=it.job_id,
-                        repetition=it.repetition,
-                        resumes_iteration_id=it.resumes_iteration_id,
-                        read_key=it.read_key,
-                    )
-                )
-            )
+            out.append(U(create_iteration=it.creation()))
             if it.round_limit:
-                out.append(
-                    U(
-                        extend_rounds=journal_pb2.ExtendRoundsUpdate(
-                            iteration_id=it.iteration_id, round_limit=it.round_limit
-                        )
-                    )
-                )
+                rounds = journal_pb2.ExtendRoundsUpdate(iteration_id=it.iteration_id, round_limit=it.round_limit)
+                out.append(U(extend_rounds=rounds))
             for group, (repetition, end) in sorted(it.split_positions.items()):
-                out.append(
-                    U(
-                        produce_splits=journal_pb2.ProduceSplitsUpdate(
-                            iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=end, end=end
-                        )
-                    )
-                )
+                out.append(U(produce_splits=_split_range(it, group, repetition, end, end)))
         tasks = sorted(self._tasks.values(), key=lambda t: t.task_id)
         for t in tasks:
-            out.append(
-                U(
-                    create_task=journal_pb2.CreateTaskUpdate(
-                        task_id=t.task_id,
-                        iteration_id=t.iteration_id,
-                        worker_address=t.worker_address,
-                        starting_round=t.starting_round,
-                        skip_elements=t.skip_elements,
-                        replay=[
-                            journal_pb2.SplitRange(split_group=g, repetition=r, begin=b, end=e)
-                            for (g, r), ranges in sorted(t.replay.items())
-                            for b, e in ranges
-                        ],
-                    )
-                )
-            )
+            out.append(U(create_task=t.creation()))
             # The ranges it received and started (outstanding ones follow, through the pool).
-            outstanding = self._iterations[t.iteration_id].outstanding_splits
+            iteration = self._iterations[t.iteration_id]
             for (group, repetition, index), (begin, end) in sorted(t.received.items()):
-                if (t.task_id, group, repetition, index) in outstanding:
+                if (t.task_id, group, repetition, index) in iteration.outstanding_splits:
                     continue
-                where = dict(iteration_id=t.iteration_id, split_group=group, repetition=repetition, index=index)
+                handed = dict(task_id=t.task_id, index=index)
                 out.append(
-                    U(
-                        produce_splits=journal_pb2.ProduceSplitsUpdate(
-                            **where, begin=begin, end=end, task_id=t.task_id, replayed=True
-                        )
-                    )
+                    U(produce_splits=_split_range(iteration, group, repetition, begin, end, **handed, replayed=True))
                 )
-                out.append(U(start_splits=journal_pb2.StartSplitsUpdate(**where, task_id=t.task_id)))
+                start = journal_pb2.StartSplitsUpdate(
+                    iteration_id=t.iteration_id, split_group=group, repetition=repetition, **handed
+                )
+                out.append(U(start_splits=start))
         for it in iterations:
             # Outstanding ranges pass through the pool (return, then hand out from it);
             # the pool's own ranges follow, in order.
             for (task_id, group, repetition, index), (begin, end) in it.outstanding_splits.items():
-                out.append(
-                    U(
-                        return_splits=journal_pb2.ReturnSplitsUpdate(
-                            iteration_id=it.iteration_id, split_group=group, repetition=repetition, begin=begin, end=end
-                        )
-                    )
-                )
-                out.append(
-                    U(
-                        produce_splits=journal_pb2.ProduceSplitsUpdate(
-                            iteration_id=it.iteration_id,
-                            split_group=group,
-                            repetition=repetition,
-                            begin=begin,
-                            end=end,
-                            task_id=task_id,
-                            index=index,
-                            from_pool=True,
-                        )
-                    )
-                )
+                out.append(U(return_splits=_returned_range(it, group, repetition, begin, end)))
+                handed = dict(task_id=task_id, index=index, from_pool=True)
+                out.append(U(produce_splits=_split_range(it, group, repetition, begin, end, **handed)))
             for (group, repetition), pool in it.returned_splits.items():
-                for begin, end in pool:
-                    out.append(
-                        U(
-                            return_splits=journal_pb2.ReturnSplitsUpdate(
-                                iteration_id=it.iteration_id,
-                                split_group=group,
-                                repetition=repetition,
-                                begin=begin,
-                                end=end,
-                            )
-                        )
-                    )
+                out.extend(U(return_splits=_returned_range(it, group, repetition, b, e)) for b, e in pool)
         for t in tasks:
             if t.finished and not t.lost:
                 out.append(U(finish_task=journal_pb2.FinishTaskUpdate(task_id=t.task_id)))
@@ -485,62 +471,27 @@ class DispatcherState:
             if lost or not w.alive:
                 out.append(U(remove_worker=journal_pb2.RemoveWorkerUpdate(worker_address=w.address, lost_tasks=lost)))
                 if w.alive:  # it came back after it was lost
-                    out.append(
-                        U(
-                            register_worker=journal_pb2.RegisterWorkerUpdate(
-                                worker_address=w.address,
-                                transfer_address=w.transfer_address,
-                                worker_uid=w.uid,
-                                worker_tags=w.tags,
-                            )
-                        )
-                    )
+                    out.append(U(register_worker=w.registration()))
         for client_id, iteration_id in sorted(self._iteration_clients.items()):
-            out.append(
-                U(
-                    acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
-                        iteration_client_id=client_id, iteration_id=iteration_id
-                    )
-                )
-            )
+            acquire = journal_pb2.AcquireIterationClientUpdate(iteration_client_id=client_id, iteration_id=iteration_id)
+            out.append(U(acquire_iteration_client=acquire))
         for it in iterations:
             if it.finished:
                 out.append(U(finish_iteration=journal_pb2.FinishIterationUpdate(iteration_id=it.iteration_id)))
         for snapshot in self._snapshots.values():
-            out.append(
-                U(
-                    start_snapshot=journal_pb2.StartSnapshotUpdate(
-                        path=snapshot.path,
-                        dataset_id=snapshot.dataset_id,
-                        compression=snapshot.compression,
-                        group_sizes=snapshot.group_sizes,
-                        num_chunks=snapshot.num_chunks,
-                    )
-                )
-            )
+            out.append(U(start_snapshot=snapshot.start()))
             for index, (records, uncommitted) in sorted(snapshot.committed.items()):
-                out.append(
-                    U(
-                        commit_snapshot_chunk=journal_pb2.CommitSnapshotChunkUpdate(
-                            path=snapshot.path, chunk_index=index, num_records=records, uncommitted_file=uncommitted
-                        )
-                    )
+                chunk = journal_pb2.CommitSnapshotChunkUpdate(
+                    path=snapshot.path, chunk_index=index, num_records=records, uncommitted_file=uncommitted
                 )
+                out.append(U(commit_snapshot_chunk=chunk))
             if snapshot.finished:
-                out.append(
-                    U(
-                        finish_snapshot=journal_pb2.FinishSnapshotUpdate(
-                            path=snapshot.path, error_code=snapshot.error_code, error_message=snapshot.error_message
-                        )
-                    )
+                end = journal_pb2.FinishSnapshotUpdate(
+                    path=snapshot.path, error_code=snapshot.error_code, error_message=snapshot.error_message
                 )
-        out.append(
-            U(
-                reserve_ids=journal_pb2.ReserveIdsUpdate(
-                    **{f"next_{kind}_id": value for kind, value in self._next_ids.items()}
-                )
-            )
-        )
+                out.append(U(finish_snapshot=end))
+        next_ids = {f"next_{kind}_id": value for kind, value in self._next_ids.items()}
+        out.append(U(reserve_ids=journal_pb2.ReserveIdsUpdate(**next_ids)))
         return out
 
     # ---- queries ---------------------------------------------------------
@@ -836,30 +787,29 @@ class DispatcherState:
                 )
 
 
-# apply()'s table: one handler per case of the Update oneof.
-_APPLY: dict[str, Callable[[DispatcherState, Any], None]] = {
-    "register_dataset": DispatcherState._apply_register_dataset,
-    "register_worker": DispatcherState._apply_register_worker,
-    "create_job": DispatcherState._apply_create_job,
-    "create_iteration": DispatcherState._apply_create_iteration,
-    "create_task": DispatcherState._apply_create_task,
-    "finish_task": DispatcherState._apply_finish_task,
-    "acquire_iteration_client": DispatcherState._apply_acquire_iteration_client,
-    "release_iteration_client": DispatcherState._apply_release_iteration_client,
-    "finish_iteration": DispatcherState._apply_finish_iteration,
-    "produce_splits": DispatcherState._apply_produce_splits,
-    "start_splits": DispatcherState._apply_start_splits,
-    "return_splits": DispatcherState._apply_return_splits,
-    "remove_worker": DispatcherState._apply_remove_worker,
-    "extend_rounds": DispatcherState._apply_extend_rounds,
-    "reserve_ids": DispatcherState._apply_reserve_ids,
-    "start_snapshot": DispatcherState._apply_start_snapshot,
-    "commit_snapshot_chunk": DispatcherState._apply_commit_snapshot_chunk,
-    "finish_snapshot": DispatcherState._apply_finish_snapshot,
-    "drop_iteration": DispatcherState._apply_drop_iteration,
-}
-
-
 def update_kinds() -> list[str]:
     """The cases of the Update oneof, as journal.proto declares them."""
     return [field.name for field in journal_pb2.Update.DESCRIPTOR.oneofs_by_name["kind"].fields]
+
+
+def _split_range(
+    iteration: Iteration, group: int, repetition: int, begin: int, end: int, **handed_to
+) -> journal_pb2.ProduceSplitsUpdate:
+    return journal_pb2.ProduceSplitsUpdate(
+        iteration_id=iteration.iteration_id, split_group=group, repetition=repetition, begin=begin, end=end, **handed_to
+    )
+
+
+def _returned_range(
+    iteration: Iteration, group: int, repetition: int, begin: int, end: int
+) -> journal_pb2.ReturnSplitsUpdate:
+    return journal_pb2.ReturnSplitsUpdate(
+        iteration_id=iteration.iteration_id, split_group=group, repetition=repetition, begin=begin, end=end
+    )
+
+
+# apply()'s table: one handler per case of the Update oneof, each DispatcherState._apply_<case>
+# (a case added to journal.proto without its handler fails at import).
+_APPLY: dict[str, Callable[[DispatcherState, Any], None]] = {
+    kind: getattr(DispatcherState, f"_apply_{kind}") for kind in update_kinds()
+}
