@@ -12,7 +12,6 @@ says every task finished and every stream this client opened has ended.
 
 from __future__ import annotations
 
-import collections
 import logging
 import queue
 import threading
@@ -23,6 +22,15 @@ import tensorflow as tf
 from dataservice import status
 from dataservice.client.credits import CreditLedger
 from dataservice.client.element_streams import ElementStream, open_stream
+from dataservice.client.reader_state import (
+    AbandonStream,
+    HeartbeatNow,
+    Instruction,
+    OpenStream,
+    ReaderState,
+    ReportConsumedEnds,
+    WakeConsumer,
+)
 from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
@@ -69,17 +77,10 @@ class IterationReader:
         self.trainer_id = job.trainer_id
         self._queue: queue.Queue[tuple] = queue.Queue()
         self._streams: dict[int, _TaskStream] = {}
+        # The tasks, their ends and the decisions about them (reader_state.py); under _lock.
+        self._state = ReaderState()
         self._lock = threading.Lock()
-        self._iteration_finished = False
-        # Tasks the dispatcher reports finished: their data ran out, or their worker was lost.
-        self._finished_tasks: set = set()
         self._error: BaseException | None = None
-        # parallel_epochs ends: per task, the elements the consumer has gone past (to compare with what
-        # its stream received); the tasks whose stream ended with an end of sequence; those whose end
-        # the consumer has reached.
-        self._passed_counts: dict[int, int] = collections.Counter()
-        self._ended_tasks: set = set()
-        self._consumed_ends: set = set()
         # Per task, its latest receipt (read_keys.py) and the elements it covers: a checkpoint
         # saves it beside the position, which the dispatcher checks against it on resume.
         self._receipts: dict[int, tuple[int, str]] = {}
@@ -145,16 +146,13 @@ class IterationReader:
             # tf.data asks for the next chunk once it has handed out this one's elements: only now
             # has the consumer gone past them.
             with self._lock:
-                for stream, count, _ in taken:
-                    self._passed_counts[stream.task_id] += count
-            self._check_consumed_ends({stream.task_id for stream, _, _ in taken})
+                received = {stream.task_id: self.credits.received_total(stream.task_id) for stream, _, _ in taken}
+                instructions = self._state.on_passed(((stream.task_id, n) for stream, n, _ in taken), received)
+            self._carry_out(instructions)
 
     def _finished(self) -> bool:
         with self._lock:
-            finished = self._iteration_finished
-            if self.session.reads_some_tasks and self._streams:
-                # Reading only some tasks (target_workers): done when each of them has ended.
-                finished = finished or all(t in self._ended_tasks or t in self._finished_tasks for t in self._streams)
+            finished = self._state.finished(self.session.reads_some_tasks)
         if not (finished and self.credits.all_done()):
             return False
         with self._queue.mutex:
@@ -176,24 +174,29 @@ class IterationReader:
     # ---- heartbeats ------------------------------------------------------
 
     def _on_heartbeat(self, response: dispatcher_pb2.ClientHeartbeatResponse) -> None:
-        abandoned = []
         with self._lock:
-            for task in response.tasks:
-                if task.finished:
-                    self._finished_tasks.add(task.task_id)
-                    if task.lost and task.task_id in self._streams:
-                        abandoned.append(self._streams[task.task_id])
-                elif task.task_id not in self._streams and not self.stopped.is_set():
-                    self.credits.open(task.task_id)
-                    self._streams[task.task_id] = _TaskStream(self, task)
-            newly_finished = response.iteration_finished and not self._iteration_finished
-            self._iteration_finished = response.iteration_finished
-        for stream in abandoned:
-            # Its worker is gone: a stream to it would wait for a timeout, or for a new process at the
-            # same address that never had the task.
-            stream.abandon()
-        if newly_finished:
-            self._queue.put(_WAKE)
+            instructions = self._state.on_heartbeat(response, stopped=self.stopped.is_set())
+            # Opened under the lock: close() cancels every stream it finds there.
+            for instruction in instructions:
+                if isinstance(instruction, OpenStream):
+                    self.credits.open(instruction.task.task_id)
+                    self._streams[instruction.task.task_id] = _TaskStream(self, instruction.task)
+        self._carry_out(instructions)
+
+    def _carry_out(self, instructions: list[Instruction]) -> None:
+        """Carries out the state's instructions (those other than OpenStream, done under the lock)."""
+        for instruction in instructions:
+            if isinstance(instruction, AbandonStream):
+                # Its worker is gone: a stream to it would wait for a timeout, or for a new process at
+                # the same address that never had the task.
+                with self._lock:
+                    stream = self._streams[instruction.task_id]
+                stream.abandon()
+            elif isinstance(instruction, WakeConsumer):
+                self._queue.put(_WAKE)
+            elif isinstance(instruction, HeartbeatNow | ReportConsumedEnds):
+                # Consumed ends travel in the next heartbeat (consumed_tasks()).
+                self.session.wake()
 
     # ---- called by the streams -------------------------------------------
 
@@ -204,25 +207,10 @@ class IterationReader:
         """The stream will receive nothing more: the credits it was granted and did not use return.
         `end_of_sequence`: it ended with its task's end (not with a lost worker or an error)."""
         self.credits.end(stream.task_id)
-        if end_of_sequence:
-            with self._lock:
-                self._ended_tasks.add(stream.task_id)
-            self._check_consumed_ends({stream.task_id})
-        self._queue.put(_WAKE)
-        self.session.wake()
-
-    def _check_consumed_ends(self, task_ids: set) -> None:
-        """Tasks whose end the consumer has now reached (it has gone past every element of theirs)
-        are reported to the dispatcher at once: in parallel_epochs that is what finishes them."""
         with self._lock:
-            reached = {
-                t
-                for t in (task_ids & self._ended_tasks) - self._consumed_ends
-                if self._passed_counts[t] == self.credits.received_total(t)
-            }
-            self._consumed_ends |= reached
-        if reached:
-            self.session.wake()
+            received = self.credits.received_total(stream.task_id)
+            instructions = self._state.on_stream_ended(stream.task_id, end_of_sequence, received)
+        self._carry_out(instructions)
 
     def hold_receipt(self, task_id: int, elements: int, receipt: str) -> None:
         with self._lock:
@@ -236,11 +224,11 @@ class IterationReader:
 
     def consumed_tasks(self) -> list:
         with self._lock:
-            return sorted(self._consumed_ends)
+            return sorted(self._state.consumed_ends)
 
     def task_finished(self, task_id: int) -> bool:
         with self._lock:
-            return task_id in self._finished_tasks
+            return task_id in self._state.finished_tasks
 
     def fail(self, error: BaseException) -> None:
         if self._error is None:
