@@ -9,14 +9,16 @@ differ fails here, or is marked with the reason (README, "Compatibility").
 from __future__ import annotations
 
 import collections
-import gc
+import os
+import select
+import subprocess
+import sys
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import in_process_cluster
-from tensorflow.core.protobuf import service_config_pb2
 
 import dataservice as service
 from dataservice.local_cluster import LocalCluster
@@ -27,35 +29,60 @@ SERVICES = ("ours", "tensorflow")
 MODES = ("eager", "graph")
 
 
+# TensorFlow's dispatcher and workers in a process of their own, configured as TensorFlow's own
+# tests configure them (their test_base.py): heartbeats every 100 ms and short timeouts, so that
+# finished work is seen quickly. The workers' configuration message as those tests give it (its
+# WorkerConfig tuple has no cross-trainer cache size). It prints the dispatcher's target and
+# serves until its stdin closes (the test's kill, or the test process's end).
+_TENSORFLOW_CLUSTER = """
+import os, sys
+import tensorflow as tf
+from tensorflow.core.protobuf import service_config_pb2
+
+num_workers, cache_bytes = int(sys.argv[1]), int(sys.argv[2])
+S = tf.data.experimental.service
+dispatcher = S.DispatchServer(S.DispatcherConfig(worker_timeout_ms=200, job_gc_check_interval_ms=1000))
+address = dispatcher.target.split("://")[1]
+defaults = S.WorkerConfig(dispatcher_address=address)
+fields = {f: getattr(defaults, f) for f in defaults._fields if getattr(defaults, f) is not None}
+config = service_config_pb2.WorkerConfig(**fields)
+config.heartbeat_interval_ms, config.dispatcher_timeout_ms = 100, 1000
+if cache_bytes >= 0:
+    config.cross_trainer_cache_size_bytes = cache_bytes
+workers = [S.WorkerServer(config) for _ in range(num_workers)]
+print(dispatcher.target, flush=True)
+sys.stdin.read()
+os._exit(0)
+"""
+
+
 class _TensorFlowCluster:
-    """TensorFlow's dispatcher and workers in this process."""
+    """TensorFlow's service as a process (_TENSORFLOW_CLUSTER). Not in the test's process: stopping
+    TensorFlow's servers there waits for reads in flight, and iterators the scenarios dropped
+    (coordinated reads above all) held the module's teardown for one to three minutes at random;
+    a process is killed at once."""
 
     def __init__(self, num_workers: int, cache_bytes: int | None = None):
-        # Configured as TensorFlow's own tests configure it (their test_base.py): heartbeats every
-        # 100 ms and short timeouts, so that finished work is seen and the servers stop quickly.
-        self.dispatcher = tf.data.experimental.service.DispatchServer(
-            tf.data.experimental.service.DispatcherConfig(worker_timeout_ms=200, job_gc_check_interval_ms=1000)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        arguments = [str(num_workers), str(-1 if cache_bytes is None else cache_bytes)]
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _TENSORFLOW_CLUSTER, *arguments],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
-        address = self.dispatcher.target.split("://")[1]
-        # The configuration message, as TensorFlow's tests give it: its WorkerConfig tuple has no
-        # cross-trainer cache size.
-        defaults = tf.data.experimental.service.WorkerConfig(dispatcher_address=address)
-        fields = {f: getattr(defaults, f) for f in defaults._fields if getattr(defaults, f) is not None}
-        config = service_config_pb2.WorkerConfig(**fields)
-        config.heartbeat_interval_ms, config.dispatcher_timeout_ms = 100, 1000
-        if cache_bytes is not None:
-            config.cross_trainer_cache_size_bytes = cache_bytes
-        self.workers = [tf.data.experimental.service.WorkerServer(config) for _ in range(num_workers)]
-        self.target = self.dispatcher.target
+        ready, _, _ = select.select([self._process.stdout], [], [], 120)
+        self.target = self._process.stdout.readline().strip() if ready else ""
+        if not self.target.startswith("grpc://"):
+            self.stop()
+            raise RuntimeError(f"TensorFlow's service did not start (got {self.target!r})")
 
     def stop(self) -> None:
-        # Iterators the scenarios dropped may still sit in reference cycles with their reads
-        # in flight, and a TensorFlow worker's stop waits for those calls: collect them first
-        # (this took the module's teardown from tens of seconds to well under one).
-        gc.collect()
-        for worker in self.workers:
-            worker._stop()
-        self.dispatcher._stop()
+        self._process.kill()
+        self._process.wait(timeout=30)
+        self._process.stdin.close()
+        self._process.stdout.close()
 
 
 @pytest.fixture(scope="module")
