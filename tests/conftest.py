@@ -40,12 +40,12 @@ def in_process_cluster(num_workers: int = 1, **dispatcher_options) -> LocalClust
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--chaos-seconds", type=float, default=40.0, help="how long the chaos test kills and restarts servers (CI: 40)"
+        "--chaos-seconds", type=float, default=30.0, help="how long the chaos test kills and restarts servers (CI: 30)"
     )
     parser.addoption("--chaos-seed", type=int, default=None, help="replay a chaos run (its seed is printed)")
     parser.addoption("--fuzz-rounds", type=int, default=1, help="how many times the fuzz test's inputs (CI: 1)")
     parser.addoption(
-        "--soak-seconds", type=float, default=60.0, help="how long the soak test's clients run jobs (CI: 60)"
+        "--soak-seconds", type=float, default=45.0, help="how long the soak test's clients run jobs (CI: 45)"
     )
 
 
