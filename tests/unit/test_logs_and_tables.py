@@ -45,7 +45,7 @@ def test_text_lines_end_with_the_ids():
 
 def test_dispatcher_events_are_logged_with_their_ids(caplog):
     core = make_core(FakeClock(), RecordingNotifier())
-    with caplog.at_level(logging.INFO, logger="dataservice.dispatcher.core"):
+    with caplog.at_level(logging.INFO, logger="dataservice.dispatcher"):
         heartbeat(core, "w1:1")
         start_iteration(core, register(core, tf.data.Dataset.range(5)), job_name="train")
     events = {r.getMessage().split(" (")[0]: getattr(r, "dataservice_ids", {}) for r in caplog.records}
