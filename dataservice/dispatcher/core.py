@@ -299,7 +299,7 @@ class DispatcherCore:
             log.info("client joined", extra=ids(job_id=job.job_id, iteration_id=iteration_id, client_id=client_id))
         for task in new_tasks:
             self._notifier.process_task(task.worker_address, task)
-        read_key = read_keys.client_key(self._state.iteration(iteration_id).read_key, client_id)
+        read_key = read_keys.client_key(self._state.known_iteration(iteration_id).read_key, client_id)
         return dispatcher_pb2.GetOrCreateIterationResponse(
             iteration_client_id=client_id, iteration_id=iteration_id, read_key=read_key
         )
@@ -349,10 +349,11 @@ class DispatcherCore:
                     "saved input position is lost. Restore the checkpoint without the iterator to start the input "
                     "anew, or run the dispatcher with fault_tolerant_mode=True and a persistent work_dir"
                 )
-            iteration_ids = sorted({t.iteration_id for t in saved_tasks})
+            named_tasks = [self._state.known_task(t) for t in consumed]
+            iteration_ids = sorted({t.iteration_id for t in named_tasks})
             if len(iteration_ids) > 1:
                 raise status.invalid_argument(f"the saved tasks belong to several iterations: {iteration_ids}")
-            saved_iteration = self._state.iteration(iteration_ids[0])
+            saved_iteration = self._state.known_iteration(iteration_ids[0])
             resume.check_receipts(saved_iteration.read_key, request.progress)
             saved_job = self._state.job_of(saved_iteration)
             resume.check_resumable(saved_job, job_request)
@@ -403,7 +404,7 @@ class DispatcherCore:
             iteration_id=iteration_id,
             repetition=saved_iteration.repetition,
             task_ids=[t.task_id for t in new_tasks],
-            read_key=read_keys.client_key(self._state.iteration(iteration_id).read_key, client_id),
+            read_key=read_keys.client_key(self._state.known_iteration(iteration_id).read_key, client_id),
         )
 
     def _create_task(
@@ -413,7 +414,7 @@ class DispatcherCore:
         skip_elements: int = 0,
         replay: Sequence[journal_pb2.SplitRange] = (),
     ) -> common_pb2.TaskDef:
-        iteration = self._state.iteration(iteration_id)
+        iteration = self._state.known_iteration(iteration_id)
         task_id = self._state.next_id("task")
         # Coordinated reads: no client may have read this round yet, so every
         # client adds the task to its rotation at the same round.
@@ -432,7 +433,7 @@ class DispatcherCore:
             "task created",
             extra=ids(job_id=iteration.job_id, iteration_id=iteration_id, task_id=task_id, worker=worker_address),
         )
-        return self._task_def(self._state.task(task_id))
+        return self._task_def(self._state.known_task(task_id))
 
     def _task_def(self, task: Task) -> common_pb2.TaskDef:
         task_def = self._state.task_def(task, tuple(self._config.worker_addresses or ()))
@@ -518,7 +519,7 @@ class DispatcherCore:
             self._log_task_finished(task)
 
     def _log_task_finished(self, task: Task) -> None:
-        iteration = self._state.iteration(task.iteration_id)
+        iteration = self._state.known_iteration(task.iteration_id)
         log.info(
             "task finished%s",
             " (iteration finished)" if iteration.finished else "",
@@ -620,7 +621,7 @@ class DispatcherCore:
             task = self._state.task(load.task_id)
             if task is None or task.worker_address != address:
                 continue
-            job_id = self._state.iteration(task.iteration_id).job_id
+            job_id = self._state.known_iteration(task.iteration_id).job_id
             self._load.report_task(
                 job_id,
                 address,
@@ -646,7 +647,7 @@ class DispatcherCore:
                         f"task {task_id} belongs to worker {task.worker_address}, not {request.worker_address}"
                     )
                 clients_finish = self._clients_finish_tasks(
-                    self._state.job_of(self._state.iteration(task.iteration_id))
+                    self._state.job_of(self._state.known_iteration(task.iteration_id))
                 )
                 if not task.finished and not clients_finish:
                     self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))

@@ -78,9 +78,10 @@ class DispatchServer:
     def _recover(self) -> tuple[DispatcherState | None, JournalWriter | None]:
         """In fault_tolerant_mode: replays the journal and opens a new segment (meanwhile the
         dispatcher's RPCs answer UNAVAILABLE and its health says NOT_SERVING)."""
-        if not self._config.fault_tolerant_mode:
+        work_dir = self._config.work_dir
+        if not self._config.fault_tolerant_mode or work_dir is None:  # (DispatcherConfig: one needs the other)
             return None, None
-        directory = journal.directory_of(self._config.work_dir)
+        directory = journal.directory_of(work_dir)
         started = time.monotonic()
         replay = journal.read(directory)
         state = DispatcherState.replay(replay.updates)
@@ -94,10 +95,11 @@ class DispatchServer:
             return
         self._started = True
         self._server.start()
-        if self._registry is not None:
+        port = self._config.monitoring_port
+        if self._registry is not None and port is not None:
             # Up before the replay, so that /healthz answers (and a liveness probe passes) meanwhile.
             self._monitoring = MonitoringServer(
-                self._config.monitoring_port,
+                port,
                 self._registry,
                 status=self._status_or_empty,
                 role="dispatcher",
@@ -143,9 +145,12 @@ class DispatchServer:
 
     def _gc_loop(self) -> None:
         """Releases silent clients and workers and ends named iterations nobody reads."""
-        while not self._stopping.wait(self._core.gc_interval_s()):
+        core = self._core
+        if core is None:  # (started after the core is made)
+            return
+        while not self._stopping.wait(core.gc_interval_s()):
             try:
-                self._core.collect_garbage()
+                core.collect_garbage()
             except Exception:  # keep collecting on the next round
                 log.exception("garbage collection failed")
 
@@ -175,6 +180,8 @@ class DispatchServer:
     def state_summary(self) -> dict[str, int]:
         """Counts of datasets, workers (alive or not), jobs, iterations, tasks (active or not) and
         iteration clients, as the dispatcher's state holds them now."""
+        if self._core is None:
+            raise RuntimeError("the dispatcher has not started: call start()")
         return self._core.summary()
 
     def status(self) -> dict[str, Any]:

@@ -254,7 +254,7 @@ def read(directory: pathlib.Path, before: int | None = None) -> Replay:
     segments = [(seq, path) for seq, kind, path in files if kind == "journal" and (base is None or seq >= base)]
     updates: list[journal_pb2.Update] = []
     if snapshots:
-        updates.extend(_read_file(snapshots[-1][1], "snapshot", base, newest=False).updates)
+        updates.extend(_read_file(snapshots[-1][1], "snapshot", snapshots[-1][0], newest=False).updates)
     from_snapshot = base is not None
     if base is None and segments:
         base = segments[0][0]
@@ -269,7 +269,8 @@ def read(directory: pathlib.Path, before: int | None = None) -> Replay:
         # A segment names where replay started when it was made: that snapshot or first segment, or
         # (a snapshot written since) an earlier one. Anything later means a file is missing.
         builds_on = result.header.get("base")
-        if not isinstance(builds_on, int) or (builds_on > base if from_snapshot else builds_on != base):
+        # (base is set: from the snapshot, or from the first segment.)
+        if not isinstance(builds_on, int) or base is None or (builds_on > base if from_snapshot else builds_on != base):
             raise JournalCorruptError(
                 path,
                 0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from dataservice.config import NEVER
+from dataservice.config import NEVER, DispatcherConfig
 from dataservice.dispatcher.context import CoreContext
 from dataservice.dispatcher.state import ClientId, IterationId, TaskId, WorkerAddress
 from dataservice.monitoring.logs import ids
@@ -51,7 +51,14 @@ class Liveness:
     def interval_s(self) -> float:
         """How often collect_garbage() should run: a quarter of the shortest timeout it enforces."""
         config = self._ctx.config
-        return min(config.job_gc_check_interval_ms, config.client_timeout_ms, config.worker_timeout_ms) / 4000
+        return (
+            min(
+                _ms(config, "job_gc_check_interval_ms"),
+                _ms(config, "client_timeout_ms"),
+                _ms(config, "worker_timeout_ms"),
+            )
+            / 4000
+        )
 
     # ---- contact (call with the lock held) ---------------------------------------
 
@@ -86,6 +93,8 @@ class Liveness:
         a named one waits job_gc_timeout_ms for another client to join."""
         ctx = self._ctx
         iteration = ctx.state.iteration_of_client(client_id)
+        if iteration is None:
+            raise KeyError(f"client {client_id} is not a client of any iteration")
         ctx.commit(release_iteration_client=journal_pb2.ReleaseIterationClientUpdate(iteration_client_id=client_id))
         self.client_seen.pop(client_id, None)
         self._forget_client(client_id)
@@ -111,22 +120,24 @@ class Liveness:
         with ctx.lock:
             now = ctx.clock()
             for address, seen in list(self.worker_seen.items()):
-                if now - seen > config.worker_timeout_ms / 1000:
+                if now - seen > _ms(config, "worker_timeout_ms") / 1000:
                     lost = ctx.state.lost_tasks_of(address)
                     log.warning(
                         "worker missing for %.1f s: removed, tasks %s lost", now - seen, lost, extra=ids(worker=address)
                     )
                     self.remove_worker(address, lost)
             for client_id, seen in list(self.client_seen.items()):
-                timed_out = now - seen > config.client_timeout_ms / 1000
+                timed_out = now - seen > _ms(config, "client_timeout_ms") / 1000
                 if timed_out and ctx.state.iteration_of_client(client_id) is not None:
                     log.info("client silent for %.1f s: released", now - seen, extra=ids(client_id=client_id))
                     self.release_client(client_id)
             for iteration_id, since in list(self._idle_since.items()):
-                iteration = ctx.state.iteration(iteration_id)
+                iteration = ctx.state.known_iteration(iteration_id)
                 if iteration.client_ids or iteration.finished:
                     del self._idle_since[iteration_id]
-                elif config.job_gc_timeout_ms != NEVER and now - since > config.job_gc_timeout_ms / 1000:
+                elif (
+                    _ms(config, "job_gc_timeout_ms") != NEVER and now - since > _ms(config, "job_gc_timeout_ms") / 1000
+                ):
                     log.info(
                         "iteration without clients for %.1f s: ended",
                         now - since,
@@ -141,7 +152,7 @@ class Liveness:
         the last iteration of a job the job (its name is free again, its rates forgotten).
         Call with the lock held."""
         ctx = self._ctx
-        retention_ms = ctx.config.iteration_retention_ms
+        retention_ms = _ms(ctx.config, "iteration_retention_ms")
         if retention_ms == NEVER:
             return
         retired = {iteration.iteration_id for iteration in ctx.state.retired_iterations()}
@@ -152,7 +163,7 @@ class Liveness:
             since = self._retired_since.setdefault(iteration_id, now)
             if now - since <= retention_ms / 1000:
                 continue
-            job_id = ctx.state.iteration(iteration_id).job_id
+            job_id = ctx.state.known_iteration(iteration_id).job_id
             ctx.commit(drop_iteration=journal_pb2.DropIterationUpdate(iteration_id=iteration_id))
             del self._retired_since[iteration_id]
             self._idle_since.pop(iteration_id, None)
@@ -166,3 +177,11 @@ class Liveness:
                 " (and its job)" if job_dropped else "",
                 extra=ids(job_id=job_id, iteration_id=iteration_id),
             )
+
+
+def _ms(config: DispatcherConfig, name: str) -> int:
+    """A timeout of the config, in ms: DispatcherConfig resolves each to a number when it is made."""
+    value = getattr(config, name)
+    if not isinstance(value, int):
+        raise TypeError(f"DispatcherConfig.{name} was not resolved: {value!r}")
+    return value

@@ -232,7 +232,7 @@ class LoadTracker:
                 elements_by_worker[worker] += window[1]
                 seconds_by_worker[worker] += window[2]
         throughputs = {w: elements_by_worker[w] / seconds_by_worker[w] for w in elements_by_worker}
-        elements, nbytes, wait_total = self._totals.get(job_id, (0, 0, 0.0))
+        total_elements, nbytes, wait_total = self._totals.get(job_id, (0, 0, 0.0))
         return JobLoad(
             job_id=job_id,
             consumption_rates=consumption,
@@ -240,7 +240,7 @@ class LoadTracker:
             wait_fraction=statistics.fmean(waits) if waits else None,
             received_rate=received,
             recommended_workers=recommended_workers(consumption.values(), throughputs.values()),
-            elements_received=int(elements),
+            elements_received=int(total_elements),
             bytes_received=int(nbytes),
             wait_seconds=float(wait_total),
         )

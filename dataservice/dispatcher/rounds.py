@@ -36,7 +36,7 @@ class RoundGrants:
             raise status.invalid_argument(f"current_round must be >= 0, got {current_round}")
         ctx = self._ctx
         with ctx.lock:
-            iteration = ctx.state.iteration(iteration_id)
+            iteration = ctx.state.known_iteration(iteration_id)
             key = iteration.iteration_id
             last_time, last_round, rate = self._reports.get(key, (now, current_round, 0.0))
             if now - last_time >= ROUND_RATE_PERIOD_S:

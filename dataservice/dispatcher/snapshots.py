@@ -219,7 +219,7 @@ class SnapshotCoordinator:
                     num_chunks=chunks,
                 )
             )
-            snapshot = self._state.snapshot(path)
+            snapshot = self._state.known_snapshot(path)
             try:
                 layout.write_skeleton(path, metadata, metadata.element_spec, graph_bytes)
             except OSError as e:
@@ -315,7 +315,7 @@ class SnapshotCoordinator:
         for snapshot in snapshots:
             try:
                 if not snapshot.finished:
-                    dataset = self._state.dataset(snapshot.dataset_id)
+                    dataset = self._state.known_dataset(snapshot.dataset_id)
                     graph_bytes = self._datasets.get(snapshot.dataset_id) or b""
                     metadata = snapshot_pb2.DistributedSnapshotMetadata(
                         element_spec=dataset.metadata.element_spec, compression=snapshot.compression

@@ -78,7 +78,7 @@ class SplitHandout:
         if key in iteration.outstanding_splits:  # a retry: the same answer again
             begin, end = iteration.outstanding_splits[key]
             return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
-        if iteration.finished or ctx.state.task(task_id).finished:
+        if iteration.finished or ctx.state.known_task(task_id).finished:
             return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
 
         def hand_out(begin: int, end: int, from_pool: bool, replayed: bool = False) -> dispatcher_pb2.GetSplitsResponse:
@@ -97,9 +97,10 @@ class SplitHandout:
             )
             return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
 
-        replay = ctx.state.task(task_id).replay.get((group, repetition), [])
+        replay = ctx.state.known_task(task_id).replay.get((group, repetition), [])
         if index < len(replay):
-            return hand_out(*replay[index], from_pool=False, replayed=True)
+            begin, end = replay[index]
+            return hand_out(begin, end, from_pool=False, replayed=True)
 
         pool = iteration.returned_splits.get((group, repetition))
         if pool:

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NewType
+from typing import Any, TypeAlias
 
 from dataservice.v1 import common_pb2, journal_pb2
 
-# Ids as the journal spells them; distinct types so that a task id is never passed as a job id.
-DatasetId = NewType("DatasetId", str)
-WorkerAddress = NewType("WorkerAddress", str)
-JobId = NewType("JobId", int)
-IterationId = NewType("IterationId", int)
-TaskId = NewType("TaskId", int)
+# Ids as the journal spells them. Aliases, not distinct types: every id comes from and goes to a
+# protobuf field, whose plain ints and strings a type checker cannot tell apart.
+DatasetId: TypeAlias = str
+WorkerAddress: TypeAlias = str
+JobId: TypeAlias = int
+IterationId: TypeAlias = int
+TaskId: TypeAlias = int
 # A client's membership of one iteration (TensorFlow's iteration client id).
-ClientId = NewType("ClientId", int)
+ClientId: TypeAlias = int
 # distributed_epoch: (task, split group, repetition, range index) of a range handed out.
 SplitKey = tuple[TaskId, int, int, int]
 
@@ -79,10 +80,10 @@ class Worker:
 class Job:
     job_id: JobId
     dataset_id: DatasetId
-    sharding_policy: int
+    sharding_policy: common_pb2.ShardingPolicy
     job_name: str
     num_consumers: int
-    target_workers: int
+    target_workers: common_pb2.TargetWorkers
     # distributed_epoch: splits in each split group of the pipeline.
     split_group_sizes: list[int] = dataclasses.field(default_factory=list)
     # Trainers share the job's elements through the workers' cross-trainer caches.
@@ -546,7 +547,7 @@ class DispatcherState:
     def was_dropped(self, kind: str, object_id: int) -> bool:
         """Whether an id of `kind` ("job", "iteration", "task") that the state does not hold was
         in use once (ids are handed out in order and never reused), so retention dropped it."""
-        held = {"job": self._jobs, "iteration": self._iterations, "task": self._tasks}[kind]
+        held = {"job": self._jobs.keys(), "iteration": self._iterations.keys(), "task": self._tasks.keys()}[kind]
         return 0 < object_id < self._next_ids[kind] and object_id not in held
 
     def retired_iterations(self) -> Iterator[Iteration]:
@@ -555,6 +556,22 @@ class DispatcherState:
 
     def iteration(self, iteration_id: int) -> Iteration | None:
         return self._iterations.get(IterationId(iteration_id))
+
+    # Lookups of what the state holds (an id it handed out, checked or kept in step with it):
+    # KeyError, a bug, otherwise. iteration(), task(), dataset() and snapshot() are for ids from
+    # outside, which may be unknown.
+
+    def known_iteration(self, iteration_id: IterationId) -> Iteration:
+        return self._iterations[iteration_id]
+
+    def known_task(self, task_id: TaskId) -> Task:
+        return self._tasks[task_id]
+
+    def known_dataset(self, dataset_id: DatasetId) -> Dataset:
+        return self._datasets[dataset_id]
+
+    def known_snapshot(self, path: str) -> Snapshot:
+        return self._snapshots[path]
 
     def job_of(self, iteration: Iteration) -> Job:
         return self._jobs[iteration.job_id]
@@ -705,14 +722,14 @@ class DispatcherState:
                 len(set(iteration.task_ids)) == len(iteration.task_ids),
                 f"iteration {iteration.iteration_id} lists a task twice",
             )
-            tasks = []
+            tasks: list[Task] = []
             for task_id in iteration.task_ids:
-                task = self._tasks.get(task_id)
+                listed = self._tasks.get(task_id)
                 check(
-                    task is not None and task.iteration_id == iteration.iteration_id,
+                    listed is not None and listed.iteration_id == iteration.iteration_id,
                     f"iteration {iteration.iteration_id} lists task {task_id}, which is not one of its tasks",
                 )
-                tasks.append(task)
+                tasks.append(self._tasks[task_id])
             unfinished, completed = sum(not t.finished for t in tasks), sum(t.finished and not t.lost for t in tasks)
             check(
                 (iteration.unfinished_tasks, iteration.completed_tasks) == (unfinished, completed),
@@ -733,14 +750,14 @@ class DispatcherState:
                     f"iteration {iteration.iteration_id}: range {key} -> {(begin, end)} is not of one of its tasks",
                 )
                 check(
-                    task.received.get(key[1:]) == (begin, end),
+                    self._tasks[key[0]].received.get(key[1:]) == (begin, end),
                     f"iteration {iteration.iteration_id}: range {key} is outstanding but not among those its task "
                     "received",
                 )
-            for key, pool in iteration.returned_splits.items():
+            for pool_key, pool in iteration.returned_splits.items():
                 check(
                     bool(pool) and all(begin <= end for begin, end in pool),
-                    f"iteration {iteration.iteration_id}: returned ranges {key} are empty or reversed",
+                    f"iteration {iteration.iteration_id}: returned ranges {pool_key} are empty or reversed",
                 )
         for client_id, iteration_id in self._iteration_clients.items():
             check(client_id < self._next_ids["client"], f"client {client_id} is not below the next client id")
@@ -775,7 +792,7 @@ class DispatcherState:
             )
             complete = len(snapshot.committed) == snapshot.num_chunks
             check(
-                not snapshot.finished or snapshot.error_code or complete,
+                not snapshot.finished or bool(snapshot.error_code) or complete,
                 f"snapshot {snapshot.path} finished without error with chunks uncommitted",
             )
         for address, task_ids in self._tasks_by_worker.items():

@@ -94,9 +94,9 @@ def build(
     for job in state.jobs():
         job_load = load.load(job.job_id, now)
         iterations = []
-        serving = set()
+        serving: set[str] = set()
         for repetition, iteration_id in sorted(job.iterations.items()):
-            iteration = state.iteration(iteration_id)
+            iteration = state.known_iteration(iteration_id)
             tasks = state.task_infos(iteration)
             active = [t for t, _ in tasks if not t.finished]
             if not iteration.finished:
