@@ -92,6 +92,20 @@ def cross_trainer_cache_problem(job_name: str, num_consumers: int, cardinality: 
     return None
 
 
+def coordinated_reads_problem(cardinality: int, dataset: str = "this one") -> str | None:
+    """Why a dataset of `cardinality` cannot be read by coordinated consumers, or None. Every
+    consumer reads every round, so the dataset must not run out: a known, finite cardinality is
+    refused; an unknown one (a flat_map, a filter) is the pipeline's to keep going, as in
+    TensorFlow's service. `dataset`: how the message names it."""
+    if cardinality < 0:
+        return None
+    return (
+        f"coordinated reads (consumer_index, num_consumers) need an infinite dataset, but {dataset} has "
+        f"cardinality {cardinality}: add .repeat() to the pipeline, so that no consumer runs out of rounds "
+        "before the others"
+    )
+
+
 def parse_data_transfer_protocol(protocol: str | None) -> str | None:
     """None (from a worker on this host its Unix socket and shared memory, else TCP where the
     worker offers it, else gRPC), "unix" and "local" (the same; "local" is TensorFlow's name for

@@ -233,14 +233,10 @@ class _ReadOptions:
         if self.trainer_id and cardinality >= 0:
             problem = modes.cross_trainer_cache_problem(self.job_name or "", self.num_consumers or 0, cardinality)
             raise tf.errors.InvalidArgumentError(None, None, problem)
-        if self.num_consumers is not None and cardinality >= 0:
+        problem = modes.coordinated_reads_problem(cardinality) if self.num_consumers is not None else None
+        if problem:
             # TensorFlow's class (its service raises it at the first read; ours at once).
-            raise tf.errors.FailedPreconditionError(
-                None,
-                None,
-                f"coordinated reads (consumer_index, num_consumers) need an infinite dataset, but this one has "
-                f"cardinality {cardinality}: add .repeat() to the pipeline",
-            )
+            raise tf.errors.FailedPreconditionError(None, None, problem)
 
     def element_budget(self, codec: ElementCodec) -> int:
         """Elements a client may hold buffered plus in flight: max_outstanding_requests, or

@@ -203,14 +203,12 @@ class DispatcherCore:
             raise status.invalid_argument("coordinated reads (num_consumers) need a job_name")
         with self._lock:
             dataset = self._ctx.dataset(request.dataset_id)
-            # A known, finite cardinality is refused; an unknown one (a flat_map, a filter) is the
-            # pipeline's to keep going, as in TensorFlow's service.
-            if request.num_consumers and dataset.metadata.cardinality >= 0:
-                raise status.failed_precondition(
-                    f"coordinated reads (num_consumers) need an infinite dataset, but dataset {request.dataset_id!r} "
-                    f"has cardinality {dataset.metadata.cardinality}: add .repeat() to the pipeline, so that no "
-                    "consumer runs out of rounds before the others"
+            if request.num_consumers:
+                problem = modes.coordinated_reads_problem(
+                    dataset.metadata.cardinality, f"dataset {request.dataset_id!r}"
                 )
+                if problem:
+                    raise status.failed_precondition(problem)
             if request.use_cross_trainer_cache:
                 problem = modes.cross_trainer_cache_problem(
                     request.job_name, request.num_consumers, dataset.metadata.cardinality

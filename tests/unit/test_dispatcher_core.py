@@ -395,3 +395,17 @@ def test_each_client_of_a_shared_job_has_a_key_of_its_own(clock, notifier):
         )
     assert raised.value.code == status.Code.PERMISSION_DENIED
     assert client_heartbeat(core, first.iteration_client_id).tasks
+
+
+def test_coordinated_reads_of_a_finite_dataset_are_refused_and_of_an_unknown_one_taken(clock, notifier):
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    finite = register(core, tf.data.Dataset.range(10))
+    with pytest.raises(status.ServiceError, match="need an infinite dataset, but dataset '1' has cardinality 10") as e:
+        start_iteration(core, finite, job_name="coordinated", num_consumers=2)
+    assert e.value.code == status.Code.FAILED_PRECONDITION
+    # A filter's cardinality is unknown: the pipeline's to keep going, as in TensorFlow's service.
+    unknown = register(core, tf.data.Dataset.range(10).repeat().filter(lambda x: x > 2))
+    assert start_iteration(core, unknown, job_name="coordinated", num_consumers=2).iteration_client_id
+    # Without coordinated reads a finite dataset is read as always.
+    assert start_iteration(core, finite, job_name="plain").iteration_client_id
