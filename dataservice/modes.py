@@ -7,6 +7,7 @@ ValueError that names the argument and the values it accepts.
 from __future__ import annotations
 
 import enum
+from typing import cast
 
 from dataservice.config import DATA_TRANSFER_PROTOCOLS
 from dataservice.v1 import common_pb2
@@ -43,6 +44,11 @@ def parse_processing_mode(processing_mode: str | ShardingPolicy) -> ShardingPoli
     )
 
 
+def wire_sharding_policy(policy: ShardingPolicy) -> common_pb2.ShardingPolicy:
+    """The policy as the protocol's enum, which ShardingPolicy numbers alike."""
+    return cast(common_pb2.ShardingPolicy, int(policy))
+
+
 _COMPRESSIONS = {
     "AUTO": common_pb2.COMPRESSION_AUTO,
     "SNAPPY": common_pb2.COMPRESSION_SNAPPY,
@@ -50,7 +56,7 @@ _COMPRESSIONS = {
 }
 
 
-def parse_compression(compression: str | None) -> int:
+def parse_compression(compression: str | None) -> common_pb2.Compression:
     """Maps the `compression` argument ("AUTO", "SNAPPY" or None) to its proto enum value."""
     if compression not in _COMPRESSIONS:
         raise ValueError(f"compression must be 'AUTO', 'SNAPPY' or None, got {compression!r}")
@@ -64,7 +70,7 @@ _TARGET_WORKERS = {
 }
 
 
-def parse_target_workers(target_workers: str | None) -> int:
+def parse_target_workers(target_workers: str | None) -> common_pb2.TargetWorkers:
     """Maps "AUTO" (also for None), "ANY" or "LOCAL" (any case) to its proto enum value."""
     if target_workers is None:
         target_workers = "AUTO"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -34,7 +34,7 @@ from dataservice.transfer.wire import ElementCodec
 from dataservice.v1 import common_pb2
 
 Service = str | tuple[str, str]
-DatasetId = str | bytes | int | tf.Tensor
+DatasetId: TypeAlias = str | bytes | int | tf.Tensor
 
 # Without max_outstanding_requests, a client holds at most this many bytes of
 # fixed-size elements (and at most MAX_DEFAULT_BUDGET of them), or
@@ -260,14 +260,14 @@ def _service_dataset(
     element_spec: Any,
     cardinality: int,
     options: _ReadOptions,
-    compression: int,
+    compression: common_pb2.Compression,
 ) -> tf.data.Dataset:
     graph_lib.check_element_spec(element_spec)
     options.check_cardinality(cardinality)
     codec = ElementCodec(element_spec)
     job = JobSpec(
         dataset_id,
-        int(options.sharding_policy),
+        modes.wire_sharding_policy(options.sharding_policy),
         options.job_name,
         options.num_consumers,
         options.target_workers,
@@ -325,7 +325,7 @@ def _coordinated_dataset(
     job: JobSpec,
     codec: ElementCodec,
     options: _ReadOptions,
-    compression: int,
+    compression: common_pb2.Compression,
     element_spec: Any,
 ) -> tf.data.Dataset:
     """Coordinated reads (consumer_index, num_consumers): a generator over the rounds, which

@@ -79,12 +79,12 @@ class ChunkLayout:
         out: list[np.ndarray] = [np.array(chunk.num_elements, np.int64)]
         for kind, column in zip(self.kinds, chunk.columns):
             if kind.is_string:
-                out += [np.array(column.values.tobytes(), dtype=object), column.lengths]
+                out += [np.array(column.values.tobytes(), dtype=object), _present(column.lengths, "lengths")]
             else:
                 out.append(column.values)
             if kind.fixed_shape is None:
                 if kind.rank is not None:
-                    out.append(column.shapes.reshape(-1, kind.rank))
+                    out.append(_present(column.shapes, "shapes").reshape(-1, kind.rank))
                 else:
                     shapes = chunk_lib.shape_list(kind, column, chunk.num_elements)
                     out += [
@@ -167,3 +167,10 @@ class ChunkLayout:
 def _element_bytes(codec: ElementCodec) -> int:
     """Bytes of a fixed-shape element, strings counted by their number (an estimate)."""
     return sum(kind.values_per_element * (kind.dtype.itemsize if not kind.is_string else 16) for kind in codec.kinds)
+
+
+def _present(array: np.ndarray | None, what: str) -> np.ndarray:
+    """A column's `what` array, which its kind always has (wire.py decodes it)."""
+    if array is None:
+        raise ValueError(f"a column of this kind arrived without its {what}")
+    return array

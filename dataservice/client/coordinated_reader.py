@@ -40,7 +40,7 @@ class CoordinatedReader:
         codec: ElementCodec,
         consumer_index: int,
         timeout_s: float,
-        compression: int,
+        compression: common_pb2.Compression,
         tls: TlsFiles | None = None,
     ):
         self.codec = codec

@@ -26,7 +26,7 @@ from dataservice.transfer import grpc_service, local, shared_memory, tcp, wire
 from dataservice.v1 import common_pb2, worker_pb2
 
 Requests = Iterator[worker_pb2.StreamElementsRequest]
-Response = tuple[worker_pb2.StreamElementsResponse, wire.FrameBuffers]
+Response = tuple[worker_pb2.StreamElementsResponse, wire.Buffers]
 # How long a TCP connection to a worker may take to open before it counts as a transient failure.
 CONNECT_TIMEOUT_S = 10.0
 

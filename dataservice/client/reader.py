@@ -61,7 +61,7 @@ class IterationReader:
         codec: ElementCodec,
         max_outstanding: int,
         timeout_s: float,
-        compression: int,
+        compression: common_pb2.Compression,
         protocol: str | None = None,
         tls: TlsFiles | None = None,
         resume_from: Sequence[TaskPosition] | None = None,
@@ -75,7 +75,8 @@ class IterationReader:
         # The ring of shared memory a stream from a worker on this host asks for.
         self.ring_bytes = shared_memory.ring_bytes_for(max_outstanding, codec.element_bytes)
         self.trainer_id = job.trainer_id
-        self._queue: queue.Queue[tuple] = queue.Queue()
+        # (stream, elements, chunk), or _WAKE.
+        self._queue: queue.Queue[tuple | None] = queue.Queue()
         self._streams: dict[int, _TaskStream] = {}
         # The tasks, their ends and the decisions about them (reader_state.py); under _lock.
         self._state = ReaderState()

@@ -92,12 +92,12 @@ class _Slot:
         """(task ids, elements taken, elements their receipts cover, the receipts)."""
         tasks = sorted(self.handed)
         positions = [self.reader.position(t, self.handed[t]) for t in tasks] if self.reader is not None else []
-        out = tuple(chunk_lib.aligned_empty((len(tasks),), np.int64) for _ in range(3))
-        out[0][:] = tasks
-        out[1][:] = [self.handed[t] for t in tasks]
-        out[2][:] = [p.receipt_elements for p in positions]
+        task_ids, taken, covered = (chunk_lib.aligned_empty((len(tasks),), np.int64) for _ in range(3))
+        task_ids[:] = tasks
+        taken[:] = [self.handed[t] for t in tasks]
+        covered[:] = [p.receipt_elements for p in positions]
         receipts = np.array([p.receipt.encode() for p in positions], dtype=object)
-        return (*out, receipts)
+        return task_ids, taken, covered, receipts
 
     def close(self) -> None:
         self.closed = True
@@ -218,16 +218,16 @@ class SaveableStream:
         the end of the data (`saved`: the progress the scan holds, Slot.progress). The first
         call makes the iterator's token; a call with a token or number this process does not
         expect is a restored iterator's, whose reader resumes from the saved progress."""
-        handle, repetition, k = int(token[0]), int(token[1]), int(k)
+        handle, repetition, call = int(token[0]), int(token[1]), int(k)
         if handle == 0:
-            token = self._new_token(calls=k)
+            token = self._new_token(calls=call)
             handle = int(token[0])
         with self._lock:
             slot = self._slots.get(handle)
-        if slot is None or slot.calls != k or slot.closed:
+        if slot is None or slot.calls != call or slot.closed:
             if slot is not None:
                 self._discard(handle, slot)
-            slot = self._resume(handle, repetition, k, *saved)
+            slot = self._resume(handle, repetition, call, *saved)
         elif slot.reader is None:
             self._before_first()
             slot.reader = self._open_reader(slot.repetition, None)
@@ -237,6 +237,8 @@ class SaveableStream:
 
     def _next(self, handle: int, slot: _Slot):
         """The progress after the next chunk, and its arrays; an empty chunk at the end."""
+        if slot.chunks is None:
+            raise RuntimeError("an iterator's slot was read before its reader opened")
         taken = next(slot.chunks, None)
         if taken is None:
             progress = slot.progress()

@@ -36,10 +36,10 @@ class JobSpec:
     def __init__(
         self,
         dataset_id: str,
-        sharding_policy: int,
+        sharding_policy: common_pb2.ShardingPolicy,
         job_name: str | None,
         num_consumers: int | None,
-        target_workers: int,
+        target_workers: common_pb2.TargetWorkers,
         trainer_id: str = "",
     ):
         self.dataset_id = dataset_id
@@ -84,7 +84,9 @@ def is_local_worker(address: str) -> bool:
 COLOCATED = "COLOCATED"
 
 
-def tasks_to_read(tasks: Sequence[common_pb2.TaskInfo], target_workers: int) -> list[common_pb2.TaskInfo]:
+def tasks_to_read(
+    tasks: Sequence[common_pb2.TaskInfo], target_workers: common_pb2.TargetWorkers
+) -> list[common_pb2.TaskInfo]:
     """The tasks a client reads: LOCAL, those on workers of this process or host; AUTO, every
     task except those on another host's COLOCATED workers (as TensorFlow's client); ANY, all."""
     if target_workers == common_pb2.TARGET_WORKERS_LOCAL:

@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 # TensorFlow adopts a numpy array's memory as a tensor's when it is aligned to this
 # (EIGEN_MAX_ALIGN_BYTES); otherwise it copies the array as tf.data takes it.
@@ -189,7 +190,7 @@ def aligned_concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(arrays, out=out)
 
 
-def aligned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
+def aligned_empty(shape: tuple, dtype: npt.DTypeLike) -> np.ndarray:
     """An uninitialized array at a TF_ALIGNMENT-aligned address."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

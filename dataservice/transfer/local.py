@@ -10,7 +10,7 @@ views of the worker's arrays.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 from google.protobuf.message import Message
 
@@ -22,7 +22,7 @@ PROTOCOL = "local"
 # raises status.ServiceError.
 Serve = Callable[
     [worker_pb2.StreamElementsRequest, Iterator[worker_pb2.StreamElementsRequest], Callable[[], bool]],
-    Iterator[tuple[Message, list]],
+    Generator[tuple[Message, list], None, None],
 ]
 
 _lock = threading.Lock()

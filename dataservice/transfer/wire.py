@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -127,6 +127,13 @@ def _body(buffers: Sequence[BufferEntry], alignment: int, offset: int) -> tuple[
             parts.append(buffer)
         offset += padding + nbytes(buffer)
     return parts, offset - start
+
+
+class Buffers(Protocol):
+    """Where a chunk's decoding takes its buffers from, in order: a received frame
+    (FrameBuffers) or an in-process transfer's list (transfer/local.py's BufferList)."""
+
+    def take(self, size: int) -> memoryview: ...
 
 
 class FrameBuffers:
@@ -255,7 +262,7 @@ class ElementCodec:
 
     # ---- decoding (clients) ----------------------------------------------
 
-    def decode(self, proto: common_pb2.ElementChunk, buffers: FrameBuffers) -> chunk_lib.Chunk:
+    def decode(self, proto: common_pb2.ElementChunk, buffers: Buffers) -> chunk_lib.Chunk:
         """The chunk's columns, taken from `buffers`: views of the received message unless
         compressed, or unaligned (then aligned copies). Raises ValueError for a chunk that does
         not fit the element spec."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from google.protobuf.message import Message
 
@@ -165,7 +165,7 @@ def stream_task(
     later_requests: Iterator[worker_pb2.StreamElementsRequest],
     is_active: Callable[[], bool],
     protocol: str = "grpc",
-) -> Iterator[Response]:
+) -> Generator[Response, None, None]:
     """The responses (header and buffers) of the stream that `request` opens; `later_requests`
     (read on a thread of its own) grant more credits and acknowledge what arrived. A reconnecting
     client's stream first sends again what the client did not receive (delivery.py). `protocol`
