@@ -45,7 +45,7 @@ def pytest_addoption(parser):
     parser.addoption("--chaos-seed", type=int, default=None, help="replay a chaos run (its seed is printed)")
     parser.addoption("--fuzz-rounds", type=int, default=1, help="how many times the fuzz test's inputs (CI: 1)")
     parser.addoption(
-        "--soak-seconds", type=float, default=45.0, help="how long the soak test's clients run jobs (CI: 45)"
+        "--soak-seconds", type=float, default=30.0, help="how long the soak test's clients run jobs (CI: 30)"
     )
 
 

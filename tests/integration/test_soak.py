@@ -8,7 +8,7 @@ retention (iteration_retention_ms) the snapshot, its replay and the jobs held gr
 job. The time to replay the journal as it is (the last snapshot and the segments after it) is
 printed too: it rises between snapshots (every 10,000 updates) and falls at each.
 
-CI runs it for --soak-seconds (45); `pytest tests/integration/test_soak.py --soak-seconds=3600
+CI runs it for --soak-seconds (30); `pytest tests/integration/test_soak.py --soak-seconds=3600
 --timeout=4000 -s`
 is the hour-long run whose figures README gives."""
 
