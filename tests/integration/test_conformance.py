@@ -282,10 +282,7 @@ def test_zip_of_different_repeats(run):
 
 @pytest.mark.parametrize("weights", [[0.85, 0.05, 0.1], "random", [1.0]], ids=["fixed", "random", "one"])
 def test_sample_from_datasets(run, weights):
-    """testSampleFromDatasets: samples over 3 workers follow the weights (chi-squared < 0.01). 2,000
-    samples, not TensorFlow's 5,000: its service sends one element per RPC, 10 s a run from another
-    process; the statistic's noise at 2,000 is about (groups - 1) / 2,000, far below the bound,
-    and a sampler that ignores the weights scores near 1."""
+    """testSampleFromDatasets: 5,000 samples over 3 workers follow the weights (chi-squared < 0.01)."""
     if weights == "random":
         weights = np.random.default_rng(1619).random(5)
         weights = (weights / weights.sum()).tolist()
@@ -294,9 +291,8 @@ def test_sample_from_datasets(run, weights):
         inputs = [tf.data.Dataset.from_tensors(np.int64(i)).repeat() for i in range(len(weights))]
         return tf.data.Dataset.sample_from_datasets(inputs, weights, seed=1619)
 
-    samples = 2000
-    counts = np.bincount(run(pipeline, 3, limit=samples), minlength=len(weights))
-    chi2 = float(np.sum((counts / samples - np.asarray(weights)) ** 2 / np.asarray(weights)))
+    counts = np.bincount(run(pipeline, 3, limit=5000), minlength=len(weights))
+    chi2 = float(np.sum((counts / 5000 - np.asarray(weights)) ** 2 / np.asarray(weights)))
     assert chi2 < 1e-2, (counts.tolist(), chi2)
 
 
