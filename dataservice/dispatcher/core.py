@@ -347,8 +347,7 @@ class DispatcherCore:
                     "saved input position is lost. Restore the checkpoint without the iterator to start the input "
                     "anew, or run the dispatcher with fault_tolerant_mode=True and a persistent work_dir"
                 )
-            named_tasks = [self._state.known_task(t) for t in consumed]
-            iteration_ids = sorted({t.iteration_id for t in named_tasks})
+            iteration_ids = sorted({t.iteration_id for t in saved_tasks if t is not None})
             if len(iteration_ids) > 1:
                 raise status.invalid_argument(f"the saved tasks belong to several iterations: {iteration_ids}")
             saved_iteration = self._state.known_iteration(iteration_ids[0])
