@@ -31,12 +31,14 @@ from typing import Any
 
 import yaml
 
+from dataservice import modes
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher import journal_tool
 from dataservice.monitoring import logs, status_tables
 from dataservice.quiet import quiet_tensorflow
 from dataservice.rpc import auth, secret_files, tls
 from dataservice.rpc.addresses import parse_service
+from dataservice.status import ServiceError
 from dataservice.transfer import allocator
 from dataservice.worker import sandbox
 
@@ -175,15 +177,12 @@ def status_main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"data-server status: {e}", file=sys.stderr)
         return 2
-    quiet_tensorflow()
-    import tensorflow as tf
-
     from dataservice.rpc.dispatcher_client import DispatcherClient
 
     client = DispatcherClient(target.address, args.timeout_s, tls=target.tls)
     try:
         doc = client.get_status()
-    except tf.errors.OpError as e:
+    except ServiceError as e:
         print(f"data-server status: {e.message}", file=sys.stderr)
         return 1
     finally:
@@ -289,10 +288,88 @@ def _enter_sandbox(config: WorkerConfig) -> None:
     sandbox.restrict_reads(list(config.data_roots))
 
 
+def _register_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="data-server register",
+        description=(
+            "Register a tf.data pipeline with a dispatcher and print its dataset id: trainers read it by id, "
+            "with TensorFlow (from_dataset_id) or without (dataservice.reader.NumpyReader)."
+        ),
+    )
+    parser.add_argument(
+        "--dispatcher_address", required=True, help="host:port of the dispatcher (grpc+tls://host:port: over TLS)"
+    )
+    parser.add_argument(
+        "--pipeline",
+        required=True,
+        help="module:function, a function of no arguments that returns the tf.data.Dataset "
+        "(the module is imported from the current directory or the Python path)",
+    )
+    parser.add_argument(
+        "--dataset_id", default="", help="the id to register it under (default: one the dispatcher picks)"
+    )
+    parser.add_argument("--compression", default="AUTO", choices=["AUTO", "SNAPPY", "NONE"], help="compression")
+    parser.add_argument(
+        "--processing_mode",
+        default="parallel_epochs",
+        help="how it will be read; distributed_epoch checks here that its sources can be split",
+    )
+    parser.add_argument("--timeout_s", type=float, default=30.0, help="how long to try to reach the dispatcher")
+    return parser
+
+
+def register_main(argv: list[str]) -> int:
+    """`data-server register`: registers a pipeline from a module's function, prints its id."""
+    args = _register_parser().parse_args(argv)
+    module_name, _, function_name = args.pipeline.partition(":")
+    if not module_name or not function_name:
+        print(f"data-server register: --pipeline must be module:function, got {args.pipeline!r}", file=sys.stderr)
+        return 2
+    try:
+        target = parse_service(args.dispatcher_address)
+        mode = modes.parse_processing_mode(args.processing_mode)
+    except ValueError as e:
+        print(f"data-server register: {e}", file=sys.stderr)
+        return 2
+    quiet_tensorflow()
+    import importlib
+
+    import tensorflow as tf
+
+    from dataservice.client.api import register_pipeline
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        dataset = getattr(importlib.import_module(module_name), function_name)()
+    except (ImportError, AttributeError) as e:
+        print(f"data-server register: cannot load {args.pipeline}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(dataset, tf.data.Dataset):
+        print(f"data-server register: {args.pipeline}() returned {type(dataset).__name__}, not a tf.data.Dataset")
+        return 2
+    try:
+        dataset_id = register_pipeline(
+            target,
+            dataset,
+            args.compression,
+            args.dataset_id,
+            args.timeout_s,
+            splittable=mode == modes.ShardingPolicy.DYNAMIC,
+        )
+    except (ServiceError, ValueError, TypeError) as e:
+        print(f"data-server register: {getattr(e, 'message', e)}", file=sys.stderr)
+        return 1
+    print(dataset_id)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["status"]:
         return status_main(argv[1:])
+    if argv[:1] == ["register"]:
+        return register_main(argv[1:])
     if argv[:1] == ["journal"]:
         return journal_tool.main(argv[1:])
     parser = _parser()
@@ -324,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         server = DispatchServer(config) if args.role == "dispatcher" else WorkerServer(config)
-    except (tf.errors.OpError, RuntimeError) as e:
+    except (tf.errors.OpError, ServiceError, RuntimeError) as e:
         print(f"data-server: cannot start the {args.role}: {getattr(e, 'message', e)}", file=sys.stderr)
         return 1
     # What start-up made (TensorFlow's modules, a recovered state) lives as long as the process:

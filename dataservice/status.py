@@ -38,6 +38,8 @@ RETRYABLE = frozenset({Code.UNAVAILABLE, Code.ABORTED})
 
 def code_of_number(value: int | None) -> Code:
     """The code numbered `value` (as a transport carries it), else UNKNOWN."""
+    if value is None:
+        return Code.UNKNOWN
     try:
         return Code(value)
     except ValueError:
@@ -45,43 +47,138 @@ def code_of_number(value: int | None) -> Code:
 
 
 class ServiceError(Exception):
-    """Raised by a service to answer with `code` and a message the user can act on."""
+    """Raised by a service to answer with `code` and a message the user can act on.
+
+    Clients raise the subclass of the code (error(), below), named as TensorFlow names its
+    error classes: a trainer without TensorFlow catches `dataservice.errors.UnavailableError`
+    where one with it catches `tf.errors.UnavailableError`; the TensorFlow client turns one
+    into the other where its API hands errors to the caller (tf_errors.py)."""
 
     def __init__(self, code: Code, message: str):
         super().__init__(message)
         self.code = Code(code)
         self.message = message
 
+    @property
+    def error_code(self) -> int:
+        """The code's number, under TensorFlow's attribute name."""
+        return int(self.code)
+
+    def __reduce__(self):
+        return error, (int(self.code), self.message)
+
+
+class _CodedError(ServiceError):
+    """A ServiceError whose class says its code (CODE)."""
+
+    CODE = Code.UNKNOWN
+
+    def __init__(self, message: str):
+        super().__init__(self.CODE, message)
+
+
+class CancelledError(_CodedError):
+    CODE = Code.CANCELLED
+
+
+class UnknownError(_CodedError):
+    CODE = Code.UNKNOWN
+
+
+class InvalidArgumentError(_CodedError):
+    CODE = Code.INVALID_ARGUMENT
+
+
+class DeadlineExceededError(_CodedError):
+    CODE = Code.DEADLINE_EXCEEDED
+
+
+class NotFoundError(_CodedError):
+    CODE = Code.NOT_FOUND
+
+
+class AlreadyExistsError(_CodedError):
+    CODE = Code.ALREADY_EXISTS
+
+
+class PermissionDeniedError(_CodedError):
+    CODE = Code.PERMISSION_DENIED
+
+
+class ResourceExhaustedError(_CodedError):
+    CODE = Code.RESOURCE_EXHAUSTED
+
+
+class FailedPreconditionError(_CodedError):
+    CODE = Code.FAILED_PRECONDITION
+
+
+class AbortedError(_CodedError):
+    CODE = Code.ABORTED
+
+
+class OutOfRangeError(_CodedError):
+    CODE = Code.OUT_OF_RANGE
+
+
+class UnimplementedError(_CodedError):
+    CODE = Code.UNIMPLEMENTED
+
+
+class InternalError(_CodedError):
+    CODE = Code.INTERNAL
+
+
+class UnavailableError(_CodedError):
+    CODE = Code.UNAVAILABLE
+
+
+class DataLossError(_CodedError):
+    CODE = Code.DATA_LOSS
+
+
+class UnauthenticatedError(_CodedError):
+    CODE = Code.UNAUTHENTICATED
+
+
+# The class of each code.
+_CLASSES: dict[Code, type[_CodedError]] = {cls.CODE: cls for cls in _CodedError.__subclasses__()}
+
+
+def error(code: Code | int, message: str) -> ServiceError:
+    """The error of `code` (a number as a transport carries it) as the class of its code."""
+    return _CLASSES[code_of_number(int(code))](message) if int(code) else ServiceError(Code.OK, message)
+
 
 def invalid_argument(message: str) -> ServiceError:
-    return ServiceError(Code.INVALID_ARGUMENT, message)
+    return error(Code.INVALID_ARGUMENT, message)
 
 
 def not_found(message: str) -> ServiceError:
-    return ServiceError(Code.NOT_FOUND, message)
+    return error(Code.NOT_FOUND, message)
 
 
 def already_exists(message: str) -> ServiceError:
-    return ServiceError(Code.ALREADY_EXISTS, message)
+    return error(Code.ALREADY_EXISTS, message)
 
 
 def failed_precondition(message: str) -> ServiceError:
-    return ServiceError(Code.FAILED_PRECONDITION, message)
+    return error(Code.FAILED_PRECONDITION, message)
 
 
 def permission_denied(message: str) -> ServiceError:
-    return ServiceError(Code.PERMISSION_DENIED, message)
+    return error(Code.PERMISSION_DENIED, message)
 
 
 def unavailable(message: str) -> ServiceError:
-    return ServiceError(Code.UNAVAILABLE, message)
+    return error(Code.UNAVAILABLE, message)
 
 
-def code_of(error: BaseException) -> Code:
+def code_of(exc: BaseException) -> Code:
     """The code of a TensorFlow error (its error_code), of a ServiceError, else INTERNAL."""
-    if isinstance(error, ServiceError):
-        return error.code
-    value = getattr(error, "error_code", None)
+    if isinstance(exc, ServiceError):
+        return exc.code
+    value = getattr(exc, "error_code", None)
     try:
         return Code(value) if value is not None else Code.INTERNAL
     except ValueError:

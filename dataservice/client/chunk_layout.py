@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from dataservice.transfer import chunk as chunk_lib
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 
 # Fixed-size elements below this size are handed out by `unbatch` (a copy each); larger ones are
 # slices of their chunk.

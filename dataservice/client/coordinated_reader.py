@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 
 import grpc
-import tensorflow as tf
 
+from dataservice import status
 from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
 from dataservice.rpc import errors, retrying
@@ -25,7 +25,7 @@ from dataservice.rpc.channels import shared_channels
 from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import grpc_service, wire
 from dataservice.transfer.chunk import Chunk
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.wire import WireCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 
 
@@ -37,7 +37,7 @@ class CoordinatedReader:
         dispatcher_address: str,
         job: JobSpec,
         repetition: int,
-        codec: ElementCodec,
+        codec: WireCodec,
         consumer_index: int,
         timeout_s: float,
         compression: common_pb2.Compression,
@@ -117,13 +117,9 @@ class CoordinatedReader:
                 if serving and round_index < self._round_limit:
                     return serving[round_index % len(serving)]
                 if round_index >= self._round_limit and time.monotonic() > deadline:
-                    raise tf.errors.DeadlineExceededError(
-                        None,
-                        None,
-                        (
-                            f"consumer {self._consumer_index}: the dispatcher granted no round beyond "
-                            f"{self._round_limit - 1} for {self._timeout_s:.0f} s"
-                        ),
+                    raise status.DeadlineExceededError(
+                        f"consumer {self._consumer_index}: the dispatcher granted no round beyond "
+                        f"{self._round_limit - 1} for {self._timeout_s:.0f} s"
                     )
                 self.session.wake()
                 self._changed.wait(0.2)
@@ -152,13 +148,13 @@ class CoordinatedReader:
                 data = stub.GetElement(request, timeout=30)
             except grpc.RpcError as e:
                 if e.code() not in errors.RETRYABLE_CODES and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise errors.to_tf_error(
+                    raise errors.client_error(
                         e, f"reading round {round_index} of task {task.task_id} from worker {task.worker_address}"
                     ) from None
                 if not backoff.sleep():
                     if self._task_lost(task.task_id):
                         return None
-                    raise errors.to_tf_error(
+                    raise errors.client_error(
                         e, f"reading round {round_index} of task {task.task_id} from worker {task.worker_address}"
                     ) from None
                 self.session.wake()

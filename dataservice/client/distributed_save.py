@@ -15,13 +15,16 @@ import os
 import tensorflow as tf
 from tensorflow.core.protobuf import snapshot_pb2
 
-from dataservice.client.api import _register, _timeout_s
+from dataservice.client.api import register_pipeline
+from dataservice.client.read_options import timeout_s as _timeout_s
 from dataservice.pipeline import graph as graph_lib
 from dataservice.rpc import addresses
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.snapshot import chunk_file, layout
+from dataservice.tf_errors import raising_tf_errors
 
 
+@raising_tf_errors
 def distributed_save(
     dataset: tf.data.Dataset,
     path: str,
@@ -53,7 +56,7 @@ def distributed_save(
     chunk_file.check_plain_tensors(dataset.element_spec)
     target = addresses.parse_service(data_service_address)
     timeout_s = _timeout_s(dispatcher_timeout_ms)
-    dataset_id = _register(target, dataset, None, "", timeout_s, splittable=True)
+    dataset_id = register_pipeline(target, dataset, None, "", timeout_s, splittable=True)
     metadata = snapshot_pb2.DistributedSnapshotMetadata(
         element_spec=graph_lib.encode_element_spec(dataset.element_spec), compression=layout.COMPRESSIONS[compression]
     )

@@ -107,7 +107,7 @@ class LocalElementStream:
         for response, buffers in self._responses:
             yield response, local.BufferList(buffers)
         if self._cancelled.is_set():
-            raise status.ServiceError(status.Code.CANCELLED, "the local stream was cancelled")
+            raise status.error(status.Code.CANCELLED, "the local stream was cancelled")
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -178,7 +178,7 @@ class TcpElementStream:
             except OSError as e:
                 raise status.unavailable(f"the data connection to {self._address} broke: {e}") from None
             if response.error_code:
-                raise status.ServiceError(status.code_of_number(response.error_code), response.error_message)
+                raise status.error(status.code_of_number(response.error_code), response.error_message)
             yield response, buffers
             if response.end_of_sequence:
                 return

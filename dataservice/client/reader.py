@@ -17,8 +17,6 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 
-import tensorflow as tf
-
 from dataservice import status
 from dataservice.client.credits import CreditLedger
 from dataservice.client.element_streams import ElementStream, open_stream
@@ -38,7 +36,7 @@ from dataservice.rpc.dispatcher_client import TaskPosition
 from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import chunk as chunk_lib
 from dataservice.transfer import shared_memory
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.wire import WireCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 
 log = logging.getLogger(__name__)
@@ -58,7 +56,7 @@ class IterationReader:
         dispatcher_address: str,
         job: JobSpec,
         repetition: int,
-        codec: ElementCodec,
+        codec: WireCodec,
         max_outstanding: int,
         timeout_s: float,
         compression: common_pb2.Compression,
@@ -320,9 +318,7 @@ class _TaskStream:
                         return
                     if response.acknowledge:
                         reader.credits.ask_acknowledgement(self.task_id)
-                error: BaseException = tf.errors.UnavailableError(
-                    None,
-                    None,
+                error: BaseException = status.UnavailableError(
                     f"the stream of task {self._task.task_id} from worker "
                     f"{self._task.worker_address} ended without an end of sequence",
                 )
@@ -331,17 +327,13 @@ class _TaskStream:
                 if reader.stopped.is_set():
                     return
                 where = f"reading task {self._task.task_id} from worker {self._task.worker_address}"
-                error = errors.to_tf_error(e, where)
+                error = errors.client_error(e, where)
                 retry = e.code in status.RETRYABLE
             except _Gap as e:
-                error = tf.errors.DataLossError(
-                    None, None, f"task {self._task.task_id}: worker {self._task.worker_address} {e}"
-                )
+                error = status.DataLossError(f"task {self._task.task_id}: worker {self._task.worker_address} {e}")
                 retry = False
             except ValueError as e:  # a message that does not decode (wire.py checks every size)
-                error = tf.errors.DataLossError(
-                    None,
-                    None,
+                error = status.DataLossError(
                     f"task {self._task.task_id}: worker {self._task.worker_address} sent a malformed data message: {e}",
                 )
                 retry = False

@@ -17,8 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import tensorflow as tf
-
+from dataservice import status
 from dataservice.rpc.dispatcher_client import DispatcherClient, ReadingTotals, TaskPosition
 from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import local
@@ -177,7 +176,7 @@ class IterationSession:
                 return
             try:
                 self._heartbeat()
-            except tf.errors.OpError as e:
+            except status.ServiceError as e:
                 self._on_error(e)
                 return
 
@@ -202,14 +201,10 @@ class IterationSession:
             # iteration is.
             self.reads_some_tasks = True
             if not chosen and self._target_workers == common_pb2.TARGET_WORKERS_LOCAL:
-                raise tf.errors.FailedPreconditionError(
-                    None,
-                    None,
-                    (
-                        "target_workers='LOCAL', but none of the iteration's workers runs on this host "
-                        f"({', '.join(sorted(t.worker_address for t in known))}): start a worker here, "
-                        "or read with target_workers='ANY'"
-                    ),
+                raise status.FailedPreconditionError(
+                    "target_workers='LOCAL', but none of the iteration's workers runs on this host "
+                    f"({', '.join(sorted(t.worker_address for t in known))}): start a worker here, "
+                    "or read with target_workers='ANY'"
                 )
             changed = tasks_to_read(response.tasks, self._target_workers)
             del response.tasks[:]
@@ -230,7 +225,7 @@ class IterationSession:
         self._wake.set()
         try:
             self._dispatcher.release_iteration_client(self.client_id, timeout_s=2, read_key=self.read_key)
-        except tf.errors.OpError as e:
+        except status.ServiceError as e:
             log.debug("releasing iteration client %d failed: %s", self.client_id, e.message)
         if self._thread is not None:
             self._thread.join(timeout=2)

@@ -43,7 +43,7 @@ class DatasetStore:
         if self._dir is None:
             with self._lock:
                 if self._held + len(graph_def) > self._memory_bytes:
-                    raise status.ServiceError(
+                    raise status.error(
                         status.Code.RESOURCE_EXHAUSTED,
                         f"the dispatcher holds {self._held:,} bytes of dataset graphs and this one "
                         f"({len(graph_def):,} bytes) would take it past graph_memory_bytes "

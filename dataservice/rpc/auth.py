@@ -12,7 +12,7 @@ servers use the one token for everything, as a cluster sharing one secret
 must. gRPC calls carry it as
 `authorization: Bearer TOKEN` metadata; a TCP data stream in its first request.
 A missing or wrong token is UNAUTHENTICATED (clients raise
-tf.errors.UnauthenticatedError naming the server). Tokens are compared in
+UnauthenticatedError naming the server). Tokens are compared in
 constant time and never logged. gRPC health checks need no token, so that
 Kubernetes probes work.
 """

@@ -5,7 +5,7 @@ process shares one per address with its readers; a worker owns one), the
 deadline of each call, which failures are retried (UNAVAILABLE and ABORTED,
 with backoff, until the call's timeout), and how a failure reads ("...: the
 dispatcher at HOST:PORT is unavailable", the status kept as the matching
-tf.errors class). Authentication, TLS and client-side metrics hook in here.
+class of its code, status.py). Authentication, TLS and client-side metrics hook in here.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 from collections.abc import Callable, Sequence
 
 import grpc
-import tensorflow as tf
 
+from dataservice import status
 from dataservice.rpc import auth, errors, retrying
 from dataservice.rpc.channels import make_channel, shared_channels
 from dataservice.rpc.tls import TlsFiles, diagnose
@@ -116,13 +116,13 @@ class DispatcherClient:
                 timeout_s=self.timeout_s if timeout_s is None else timeout_s,
                 rpc_timeout_s=rpc_timeout_s,
             )
-        except tf.errors.UnavailableError as e:
+        except status.UnavailableError as e:
             # Why it could not be reached, if a look at its TLS says (plaintext against TLS, an
             # unknown CA, a missing client certificate...).
             reason = diagnose(self.address, self._tls)
             if reason is None:
                 raise
-            raise tf.errors.UnavailableError(None, None, f"{e.message}; the {self.server}: {reason}") from None
+            raise status.UnavailableError(f"{e.message}; the {self.server}: {reason}") from None
 
     # ---- datasets ----------------------------------------------------------
 
@@ -145,6 +145,15 @@ class DispatcherClient:
         request = dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id)
         what = f"fetching the element spec of dataset {dataset_id!r}"
         return self._call(self._stub.GetDataServiceMetadata, request, what).metadata
+
+    def dataset_metadata(
+        self, dataset_id: str = "", job_name: str = ""
+    ) -> dispatcher_pb2.GetDataServiceMetadataResponse:
+        """The metadata, element layout and id of dataset `dataset_id`, or (without it) of the
+        dataset of the job named `job_name`."""
+        request = dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id, job_name=job_name)
+        what = f"fetching the element spec of dataset {dataset_id!r}" if dataset_id else f"finding job {job_name!r}"
+        return self._call(self._stub.GetDataServiceMetadata, request, what)
 
     def get_dataset_def(self, dataset_id: str) -> dispatcher_pb2.GetDatasetDefResponse:
         request = dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id)
@@ -207,7 +216,7 @@ class DispatcherClient:
         try:
             self._stub.ReleaseIterationClient(request, timeout=timeout_s)
         except grpc.RpcError as e:
-            raise errors.to_tf_error(e, f"releasing iteration client {iteration_client_id} ({self.server})") from None
+            raise errors.client_error(e, f"releasing iteration client {iteration_client_id} ({self.server})") from None
 
     def get_workers(self) -> list[dispatcher_pb2.WorkerInfo]:
         request = dispatcher_pb2.GetWorkersRequest()

@@ -5,7 +5,9 @@
   instead of a dead server thread; grpc_code() maps a status.Code;
 - from_rpc_error(): a failed gRPC call as a status.ServiceError, the data
   path's one error type whatever the transport;
-- to_tf_error(): the TensorFlow error class of either, as clients raise it.
+- client_error(): either, prefixed by what was attempted, as the class of its
+  code that clients raise (status.py; the TensorFlow client re-types it as
+  tf.errors where it hands it to its caller: tf_errors.py).
 """
 
 from __future__ import annotations
@@ -15,34 +17,17 @@ import logging
 from collections.abc import Callable
 
 import grpc
-import tensorflow as tf
 
 from dataservice import status
 
 log = logging.getLogger(__name__)
 
 
-_TF_ERRORS = {
-    grpc.StatusCode.INVALID_ARGUMENT: tf.errors.InvalidArgumentError,
-    grpc.StatusCode.NOT_FOUND: tf.errors.NotFoundError,
-    grpc.StatusCode.ALREADY_EXISTS: tf.errors.AlreadyExistsError,
-    grpc.StatusCode.FAILED_PRECONDITION: tf.errors.FailedPreconditionError,
-    grpc.StatusCode.UNAVAILABLE: tf.errors.UnavailableError,
-    grpc.StatusCode.DEADLINE_EXCEEDED: tf.errors.DeadlineExceededError,
-    grpc.StatusCode.CANCELLED: tf.errors.CancelledError,
-    grpc.StatusCode.ABORTED: tf.errors.AbortedError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: tf.errors.ResourceExhaustedError,
-    grpc.StatusCode.UNIMPLEMENTED: tf.errors.UnimplementedError,
-    grpc.StatusCode.PERMISSION_DENIED: tf.errors.PermissionDeniedError,
-    grpc.StatusCode.UNAUTHENTICATED: tf.errors.UnauthenticatedError,
-}
-
-
 def from_rpc_error(error: grpc.RpcError) -> status.ServiceError:
     """What a gRPC call failed with, in the data path's transport-free terms."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
-    return status.ServiceError(status.code_of_number(code.value[0]), details or "")
+    return status.error(status.code_of_number(code.value[0]), details or "")
 
 
 def status_code(value: int | None) -> grpc.StatusCode:
@@ -79,9 +64,8 @@ def handler(method: Callable) -> Callable:
     return wrapped
 
 
-def to_tf_error(error: grpc.RpcError | status.ServiceError, what: str) -> tf.errors.OpError:
-    """A TensorFlow error with the status code of `error`, prefixed by what was attempted."""
+def client_error(error: grpc.RpcError | status.ServiceError, what: str) -> status.ServiceError:
+    """The error of `error`'s status code, its message prefixed by what was attempted."""
     if not isinstance(error, status.ServiceError):
         error = from_rpc_error(error)
-    cls = _TF_ERRORS.get(grpc_code(error.code), tf.errors.UnknownError)
-    return cls(None, None, f"{what}: {error.message}")
+    return status.error(error.code, f"{what}: {error.message}")

@@ -1,6 +1,6 @@
 """A unary call retried on transient errors with exponential backoff until an
-overall deadline, failing with a TensorFlow error that names the server and
-says what happened."""
+overall deadline, failing with an error of its status code (status.py) that
+names the server and says what happened."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import tensorflow as tf
 
-from dataservice.rpc.errors import RETRYABLE_CODES, to_tf_error
+from dataservice import status
+from dataservice.rpc.errors import RETRYABLE_CODES, client_error
 
 
 class Backoff:
@@ -48,7 +48,7 @@ def call(
     """Calls `method(request)`, retrying RETRYABLE_CODES until `timeout_s` has passed.
 
     `server` names the peer in errors ("dispatcher at localhost:5050").
-    Other errors are raised at once as the matching tf.errors class.
+    Other errors are raised at once, as the class of their code.
     """
     backoff = Backoff(timeout_s)
     while True:
@@ -60,11 +60,9 @@ def call(
                 e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and backoff.remaining() > 0
             )
             if not retryable:
-                raise to_tf_error(e, f"{what} ({server})") from None
+                raise client_error(e, f"{what} ({server})") from None
             if not backoff.sleep():
-                raise tf.errors.UnavailableError(
-                    None,
-                    None,
+                raise status.UnavailableError(
                     f"{what}: the {server} is unavailable; gave up after {timeout_s:.1f} s "
                     f"(last error: {e.code().name}: {e.details()})",
                 ) from None

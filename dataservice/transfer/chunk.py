@@ -243,6 +243,32 @@ def element_columns(kinds: Sequence[ColumnKind], components: Sequence[np.ndarray
     return Chunk(kinds, 1, columns)
 
 
+def column_elements(kind: ColumnKind, column: Column, num_elements: int) -> list:
+    """Each element's value in one column, as numpy gives them: views of the column's values
+    (numpy scalars for scalars), strings as bytes (a scalar) or object arrays of bytes."""
+    if not kind.is_string:
+        if kind.fixed_shape is not None:
+            return list(column.values)
+        offsets = _value_offsets(kind, column, num_elements).tolist()
+        values = column.values
+        return [
+            values[offsets[i] : offsets[i + 1]].reshape(shape)
+            for i, shape in enumerate(shape_list(kind, column, num_elements))
+        ]
+    data = column.values.tobytes()
+    ends = np.cumsum(column.lengths).tolist()
+    strings = [data[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+    if kind.fixed_shape == ():
+        return strings
+    out = []
+    offsets = _value_offsets(kind, column, num_elements).tolist()
+    for i, shape in enumerate(shape_list(kind, column, num_elements)):
+        array = np.empty(offsets[i + 1] - offsets[i], dtype=object)
+        array[:] = strings[offsets[i] : offsets[i + 1]]
+        out.append(array.reshape(shape))
+    return out
+
+
 def element_at(chunk: Chunk, index: int) -> list[np.ndarray]:
     """Element `index` of the chunk as numpy arrays, one per component (strings as object arrays)."""
     one = chunk.slice(index, index + 1)

@@ -20,21 +20,22 @@ straight into aligned memory: no copy at either end besides the kernel's.
 
 Composite tensors (sparse, ragged) travel as their component tensors, in
 tf.nest.flatten(expand_composites=True) order, and are rebuilt inside tf.data
-on the client.
+on the client (or by reader.py's element layout, without TensorFlow).
+
+Nothing here imports TensorFlow: WireCodec knows each component's column kind
+and dtype number; element_codec.py makes one from a TensorFlow element spec
+and adds what workers need to turn tensors into chunks.
 """
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
-import tensorflow as tf
 from google.protobuf.message import Message
 
-from dataservice import tf_internal
 from dataservice.transfer import chunk as chunk_lib
 from dataservice.transfer import compression
 from dataservice.v1 import common_pb2
@@ -58,11 +59,6 @@ TF_ALIGNMENT = chunk_lib.TF_ALIGNMENT
 _PADDING = bytes(TF_ALIGNMENT)
 # A stream data message's sizes: its header's and its body's.
 STREAM_PREFIX = struct.Struct("<IQ")
-
-
-@functools.cache
-def numpy_dtype(dtype_enum: int) -> np.dtype:
-    return np.dtype(tf.dtypes.as_dtype(dtype_enum).as_numpy_dtype)
 
 
 def nbytes(buffer: BufferEntry) -> int:
@@ -160,26 +156,17 @@ class FrameBuffers:
         return len(self._data) - self._offset
 
 
-class ElementCodec:
-    """Encodes and decodes the chunks of one element spec."""
+class WireCodec:
+    """Encodes and decodes the chunks of one element layout: per component (flattened,
+    composites expanded), its column's kind and its dtype as TensorFlow numbers it."""
 
-    def __init__(self, element_spec: Any):
-        self.element_spec = element_spec
-        self.component_specs: list[tf.TensorSpec] = tf.nest.flatten(element_spec, expand_composites=True)
-        self.dtype_enums = [spec.dtype.as_datatype_enum for spec in self.component_specs]
-        self.kinds: list[chunk_lib.ColumnKind] = [
-            chunk_lib.ColumnKind(
-                np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype),
-                tuple(spec.shape.as_list()) if spec.shape.is_fully_defined() else None,
-                spec.shape.rank,
-            )
-            for spec in self.component_specs
-        ]
+    def __init__(self, kinds: Sequence[chunk_lib.ColumnKind], dtype_enums: Sequence[int]):
+        if len(kinds) != len(dtype_enums):
+            raise ValueError(f"{len(kinds)} column kinds but {len(dtype_enums)} dtypes")
+        self.kinds = list(kinds)
+        self.dtype_enums = list(dtype_enums)
         # Every component has one shape for all elements: stacked columns.
         self.fixed_shapes = all(kind.fixed_shape is not None for kind in self.kinds)
-        # The element is plain tensors (no ragged or sparse components).
-        self.plain = all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec))
-        self._single_tensor = isinstance(element_spec, tf.TensorSpec)
 
     @property
     def element_bytes(self) -> int:
@@ -187,40 +174,6 @@ class ElementCodec:
         if not self.fixed_shapes or any(kind.is_string for kind in self.kinds):
             return 0
         return sum(kind.values_per_element * kind.dtype.itemsize for kind in self.kinds)
-
-    # ---- from the pipeline (workers) --------------------------------------
-
-    def to_components(self, element: Any) -> Components:
-        """An element from a tf.data iterator as numpy arrays, one per component."""
-        if self._single_tensor:
-            return self.tensors_to_components([element])
-        return self.tensors_to_components(tf.nest.flatten(element, expand_composites=True))
-
-    def tensors_to_components(self, tensors: Sequence[tf.Tensor]) -> Components:
-        """The element's component tensors (flattened, composites expanded) as numpy arrays.
-
-        Numeric arrays are views of the tensors' own memory, which they keep alive:
-        `numpy()` copies every array (so that callers may write to it), and a worker
-        only reads and sends them."""
-        return [
-            np.asarray(t.numpy(), dtype=object) if kind.is_string else tf_internal.tensor_memory(t)
-            for t, kind in zip(tensors, self.kinds)
-        ]
-
-    def element_chunk(self, tensors: Sequence[tf.Tensor]) -> chunk_lib.Chunk:
-        """One element's component tensors as a chunk of one."""
-        return chunk_lib.element_columns(self.kinds, self.tensors_to_components(tensors))
-
-    def batch_chunk(self, tensors: Sequence[tf.Tensor]) -> chunk_lib.Chunk:
-        """A batch of elements of fixed shapes (each component's tensor stacked, as the
-        pipeline's `batch` gives them) as a chunk."""
-        columns = []
-        for t, kind in zip(tensors, self.kinds):
-            if kind.is_string:
-                columns.append(chunk_lib.strings_column(t.numpy()))
-            else:
-                columns.append(chunk_lib.Column(tf_internal.tensor_memory(t)))
-        return chunk_lib.Chunk(self.kinds, int(tensors[0].shape[0]), columns)
 
     # ---- encoding (workers) ----------------------------------------------
 

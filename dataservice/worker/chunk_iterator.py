@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from dataservice import tf_internal
 from dataservice.transfer.chunk import Chunk
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 
 # Fixed-size elements of at least this many bytes are taken one a call (no batching copy).
 PER_ELEMENT_BYTES = 256 * 1024

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import seeds
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator, ProductionRate
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from dataservice import status
 from dataservice.transfer.chunk import Chunk
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 
 # How long a client's record outlives its last stream: a reconnecting client comes back within
 # its retry deadline, and one that is away longer has failed its read.
@@ -203,7 +203,7 @@ class Deliveries:
             delivery = self._records.get((task_id, client_id))
             if delivery is None:
                 if received:
-                    raise status.ServiceError(
+                    raise status.error(
                         status.Code.DATA_LOSS,
                         f"this worker no longer knows what it sent iteration client {client_id} of task "
                         f"{task_id} after its element {received} (a client's record is kept {RETAIN_S:.0f} s "

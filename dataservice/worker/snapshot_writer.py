@@ -101,7 +101,7 @@ class SnapshotWriters:
             )
             next_chunks = list(response.next_chunks)
             log.info("snapshot chunk %d written: %d elements", chunk.chunk_index, elements, extra=context)
-        except tf.errors.OpError as e:
+        except (tf.errors.OpError, status.ServiceError) as e:
             # The dispatcher could not be reached, or refused the chunk: it is handed out again.
             log.warning("snapshot chunk %d not committed: %s", chunk.chunk_index, e.message, extra=context)
         finally:
@@ -156,5 +156,5 @@ class SnapshotWriters:
                     f"{type(error).__name__}: {message}",
                 )
             )
-        except tf.errors.OpError as e:
+        except status.ServiceError as e:
             log.warning("could not report the failure of snapshot chunk %d: %s", chunk.chunk_index, e.message)

@@ -177,7 +177,7 @@ def stream_task(
     _check_read_key(worker, request)
     client_id = request.iteration_client_id
     if not worker.limiter.acquire(client_id):
-        raise status.ServiceError(
+        raise status.error(
             status.Code.RESOURCE_EXHAUSTED,
             f"worker {worker.worker_address} serves {worker.limiter.limit} streams to iteration client {client_id} "
             "already (its limit of concurrent streams per client, MAX_STREAMS_PER_CLIENT): close streams first",
@@ -282,7 +282,7 @@ class _Sender:
             self._linger_s = LINGER_S
         except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
             message = pipeline_error(task_id, self._worker.worker_address, e)
-            raise status.ServiceError(status.code_of(e), message) from None
+            raise status.error(status.code_of(e), message) from None
         if chunks:
             self._delivery.record(chunks, runner.codec)
             self._acknowledgement_asked = False
@@ -290,7 +290,7 @@ class _Sender:
             self._delivery.end()
             self._worker.report_finished(task_id)
         elif not chunks and runner.stopped:
-            raise status.ServiceError(status.Code.CANCELLED, stopped_message(task_id))
+            raise status.error(status.Code.CANCELLED, stopped_message(task_id))
         return False
 
     def encode(self, message: SentMessage) -> Response:
@@ -334,14 +334,12 @@ def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) ->
     except ValueError as e:
         raise status.invalid_argument(f"task {request.task_id}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the pipeline's own error, for the client
-        raise status.ServiceError(
-            status.code_of(e), pipeline_error(request.task_id, worker.worker_address, e)
-        ) from None
+        raise status.error(status.code_of(e), pipeline_error(request.task_id, worker.worker_address, e)) from None
     if end:
         return worker_pb2.GetElementResponse(end_of_sequence=True), []
     if element is None:
         if runner.stopped:
-            raise status.ServiceError(status.Code.CANCELLED, stopped_message(request.task_id))
+            raise status.error(status.Code.CANCELLED, stopped_message(request.task_id))
         return worker_pb2.GetElementResponse(not_ready=True), []
     chunk, buffers = runner.codec.encode([element], compression.StreamCompressor(request.compression))
     worker.transfer.sent("grpc", 1, buffers)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dataservice.transfer.chunk import Chunk
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.worker.chunk_iterator import ChunkIterator
 
 if TYPE_CHECKING:

@@ -18,8 +18,6 @@ import threading
 import time
 from typing import Any
 
-import tensorflow as tf
-
 from dataservice import status
 from dataservice.config import WorkerConfig
 from dataservice.monitoring import metrics
@@ -30,8 +28,9 @@ from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import policy, sharding, splits
 from dataservice.rpc import servers, tls
 from dataservice.rpc.dispatcher_client import DispatcherClient
+from dataservice.tf_errors import raising_tf_errors
 from dataservice.transfer import grpc_service, local, shared_memory, tcp
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
 from dataservice.worker import delivery, sandbox, streaming
 from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator
@@ -138,9 +137,10 @@ class WorkerServer:
 
     # ---- lifecycle -------------------------------------------------------
 
+    @raising_tf_errors
     def start(self) -> None:
         """Starts serving and registers with the dispatcher, retrying for up to
-        dispatcher_timeout_ms; raises tf.errors.UnavailableError after that."""
+        dispatcher_timeout_ms; raises tf.errors.UnavailableError after that (tf_errors.py)."""
         if self._heartbeat_thread is not None:
             return
         self._server.start()
@@ -222,12 +222,12 @@ class WorkerServer:
             try:
                 # Finished tasks first: a heartbeat before would be offered them again.
                 self._report_unreported(timeout_s=interval_s)
-            except tf.errors.OpError:
+            except status.ServiceError:
                 pass  # a dispatcher that does not know this worker yet: after the heartbeat
             try:
                 self._heartbeat(timeout_s=interval_s)
                 self._report_unreported()
-            except tf.errors.OpError as e:
+            except status.ServiceError as e:
                 log.warning("heartbeat to dispatcher %s failed: %s", self._config.dispatcher_address, e.message)
 
     def _heartbeat(self, timeout_s: float) -> None:
@@ -288,9 +288,7 @@ class WorkerServer:
                 code = status.Code.PERMISSION_DENIED
                 if isinstance(e, graph_lib.InvalidDatasetError):
                     code = status.Code.INVALID_ARGUMENT
-                raise status.ServiceError(
-                    code, f"worker {self.address} will not run dataset {dataset_id}: {e}"
-                ) from None
+                raise status.error(code, f"worker {self.address} will not run dataset {dataset_id}: {e}") from None
         return response.graph_def, graph_lib.decode_element_spec(response.metadata.element_spec)
 
     def prepare_dataset(self, dataset_id: str) -> None:

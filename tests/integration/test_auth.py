@@ -13,6 +13,7 @@ from conftest import wait_for_workers
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import dataservice
+from dataservice import errors
 from dataservice.local_cluster import LocalCluster
 from dataservice.rpc import auth
 from dataservice.rpc.dispatcher_client import DispatcherClient
@@ -44,12 +45,12 @@ def test_missing_and_wrong_tokens_are_unauthenticated_naming_the_server(secured,
     caplog.set_level(logging.DEBUG)
     address = secured.address
     with DispatcherClient(address, 5) as anonymous:
-        with pytest.raises(tf.errors.UnauthenticatedError) as raised:
+        with pytest.raises(errors.UnauthenticatedError) as raised:
             anonymous.get_workers()
     assert f"the dispatcher at {address} requires an auth token and none was sent" in raised.value.message
     assert auth.TOKEN_ENV in raised.value.message
     with DispatcherClient(address, 5, auth_token="wrong") as wrong:
-        with pytest.raises(tf.errors.UnauthenticatedError, match=f"the auth token sent to the dispatcher at {address}"):
+        with pytest.raises(errors.UnauthenticatedError, match=f"the auth token sent to the dispatcher at {address}"):
             wrong.get_workers()
     with DispatcherClient(address, 5, auth_token=TOKEN) as right:
         assert len(right.get_workers()) == 1

@@ -8,6 +8,7 @@ import tensorflow as tf
 from conftest import in_process_cluster, to_list
 
 import dataservice as service
+from dataservice import errors
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.v1 import dispatcher_pb2
 from dataservice.worker.cross_trainer_cache import READ_AHEAD_ELEMENTS
@@ -122,7 +123,7 @@ def test_tensorflows_checks_and_messages(cluster):
         dataset_id=dataset_id.numpy().decode(), job_name="finite", use_cross_trainer_cache=True
     )
     with DispatcherClient(cluster.address, 10) as dispatcher:
-        with pytest.raises(tf.errors.OpError, match="requires the input dataset to be infinite"):
+        with pytest.raises(errors.InvalidArgumentError, match="requires the input dataset to be infinite"):
             dispatcher.get_or_create_job(request)
     # A second pass over one dataset is a second repetition, which TensorFlow refuses too.
     once = INFINITE.apply(

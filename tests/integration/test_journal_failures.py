@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import dataservice as service
+from dataservice import errors
 from dataservice.dispatcher import journal
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.v1 import common_pb2, dispatcher_pb2
@@ -43,7 +44,7 @@ def test_a_journal_that_cannot_grow_fails_writes_clearly_and_recovers(tmp_path, 
         for i in range(20_000):
             try:
                 acknowledged[f"job-{i}"] = _create_job(client, dataset_id, f"job-{i}")
-            except tf.errors.UnavailableError as e:
+            except errors.UnavailableError as e:
                 failure = (f"job-{i}", e.message)
                 break
         assert failure is not None, "the journal never filled its first chunk"
@@ -52,7 +53,7 @@ def test_a_journal_that_cannot_grow_fails_writes_clearly_and_recovers(tmp_path, 
         assert "the change was not made" in message
         # Reads go on while writes fail, and the failed job does not exist.
         assert client.get_data_service_metadata(dataset_id).cardinality == 5
-        with pytest.raises(tf.errors.UnavailableError):
+        with pytest.raises(errors.UnavailableError):
             _create_job(client, dataset_id, name)
         # Space returns: the same write succeeds.
         resource.prlimit(dispatcher.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))

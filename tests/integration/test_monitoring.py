@@ -19,7 +19,7 @@ from conftest import scrape, total, wait_for_workers
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import dataservice
-from dataservice import tf_internal
+from dataservice import errors, tf_internal
 from dataservice.dispatcher import journal
 from dataservice.local_cluster import LocalCluster
 from dataservice.monitoring.health import LIVENESS_SERVICE
@@ -76,7 +76,7 @@ def test_metrics_move_while_a_job_runs(tmp_path):
             next(iterator)
         time.sleep(1.5)
         # A request that fails is counted under its code.
-        with pytest.raises(tf.errors.NotFoundError):
+        with pytest.raises(errors.NotFoundError):
             DispatcherClient(cluster.address, 5).get_data_service_metadata("no-such-dataset")
         # A call each worker surely serves (a task may reach a worker by its heartbeat's answer
         # rather than by a ProcessTask push): the dispatcher's PrepareDataset.

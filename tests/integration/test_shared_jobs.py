@@ -16,6 +16,7 @@ import tensorflow as tf
 from conftest import REPO_ROOT, in_process_cluster, scrape, total, wait_for_workers
 
 import dataservice as service
+import dataservice.errors
 from dataservice import tf_internal
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import IterationSession, JobSpec
@@ -23,7 +24,7 @@ from dataservice.local_cluster import LocalCluster
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.transfer import compression, wire
 from dataservice.transfer.chunk import element_columns
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2
 
 pytestmark = pytest.mark.timeout(240)
@@ -273,7 +274,7 @@ def test_coordinated_reads_need_an_infinite_dataset(cluster):
         dataset_id=dataset_id.numpy().decode(), job_name="finite", num_consumers=2
     )
     with DispatcherClient(cluster.address, 10) as dispatcher:
-        with pytest.raises(tf.errors.FailedPreconditionError, match="infinite dataset"):
+        with pytest.raises(service.errors.FailedPreconditionError, match="infinite dataset"):
             dispatcher.get_or_create_job(request)
 
 

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import dataservice
+from dataservice import errors
 from dataservice.pipeline import graph as graph_lib
 from dataservice.rpc import tls
 from dataservice.rpc.dispatcher_client import DispatcherClient
@@ -77,7 +78,7 @@ def test_each_attack_is_refused_while_a_trainer_reads_on(secure_cluster, tmp_pat
         address = secure_cluster.dispatcher.address
         tls_files = tls.TlsFiles(ca_file=secure_cluster.certs.ca_file)
         with DispatcherClient(address, timeout_s=10, tls=tls_files) as attacker:
-            with pytest.raises(tf.errors.PermissionDeniedError, match=op) as raised:
+            with pytest.raises(errors.PermissionDeniedError, match=op) as raised:
                 attacker.register_dataset(graph, metadata)
         assert "dataset policy" in raised.value.message
     finally:

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from dataservice.transfer import chunk as chunk_lib
 from dataservice.transfer.chunk import element_at, element_columns
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.worker import chunk_iterator
 from dataservice.worker.chunk_iterator import ChunkIterator, ProductionRate, chunk_schedule
 from dataservice.worker.task_runner import TaskRunner

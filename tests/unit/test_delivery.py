@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from dataservice import status
 from dataservice.transfer import local
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.v1 import worker_pb2
 from dataservice.worker import delivery as delivery_lib
 from dataservice.worker import streaming

@@ -10,7 +10,7 @@ import tensorflow as tf
 from dataservice.pipeline import graph as graph_lib
 from dataservice.transfer import compression, tcp, wire
 from dataservice.transfer.chunk import element_at, element_columns
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.v1 import common_pb2, worker_pb2
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from dataservice.transfer.chunk import element_at, element_columns
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.worker.cross_trainer_cache import CachingTaskRunner
 from dataservice.worker.delivery import MAX_UNACKNOWLEDGED_BYTES
 from dataservice.worker.memory_budget import MemoryBudget

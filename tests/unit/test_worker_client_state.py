@@ -8,7 +8,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from dataservice.transfer.wire import ElementCodec
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.worker import cross_trainer_cache, round_robin
 from dataservice.worker.chunk_iterator import ChunkIterator
 from dataservice.worker.cross_trainer_cache import CachingTaskRunner
