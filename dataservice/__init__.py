@@ -4,7 +4,9 @@ A drop-in for tf.data.experimental.service: `import dataservice as service`.
 
 The public names are loaded on first use (PEP 562), so that importing the
 package, or running one of its programs (`data-server`, the demo), does not
-import TensorFlow before the program has set TensorFlow's logging up.
+import TensorFlow before the program has set TensorFlow's logging up, and a
+trainer that reads with NumpyReader (or imports `dataservice.errors`) never
+imports it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 # Each public name and the module that defines it.
 _PUBLIC = {
-    "CrossTrainerCache": "dataservice.client.api",
+    "CrossTrainerCache": "dataservice.client.read_options",
     "distribute": "dataservice.client.api",
     "from_dataset_id": "dataservice.client.api",
     "register_dataset": "dataservice.client.api",
@@ -24,6 +26,7 @@ _PUBLIC = {
     "DispatchServer": "dataservice.dispatcher.dispatch_server",
     "ShardingPolicy": "dataservice.modes",
     "DistributedIterator": "dataservice.training.distributed_iterator",
+    "NumpyReader": "dataservice.reader",
     "distributed_iterator": "dataservice.training.distributed_iterator",
     "dtensor_batches": "dataservice.training.dtensor_input",
     "pack_batch": "dataservice.training.dtensor_input",
@@ -39,6 +42,7 @@ __all__ = [
     "DispatcherConfig",
     "DistributedIterator",
     "InputImpact",
+    "NumpyReader",
     "ShardingPolicy",
     "WorkerConfig",
     "WorkerServer",
@@ -71,11 +75,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and editors read
-    from dataservice.client.api import CrossTrainerCache, distribute, from_dataset_id, register_dataset
+    from dataservice.client.api import distribute, from_dataset_id, register_dataset
     from dataservice.client.distributed_save import distributed_save
+    from dataservice.client.read_options import CrossTrainerCache
     from dataservice.config import DispatcherConfig, WorkerConfig
     from dataservice.dispatcher.dispatch_server import DispatchServer
     from dataservice.modes import ShardingPolicy
+    from dataservice.reader import NumpyReader
     from dataservice.training.distributed_iterator import DistributedIterator, distributed_iterator
     from dataservice.training.dtensor_input import dtensor_batches, pack_batch
     from dataservice.training.input_contexts import input_context_options

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import socket
@@ -246,3 +247,26 @@ def secure_cluster(tmp_path_factory):
     finally:
         for server in started:
             server.kill()
+
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+def nested_pipeline(n: int) -> tf.data.Dataset:
+    """Elements of every kind a reader rebuilds: a dict of a scalar, a string, a vector of
+    strings, a ragged tensor, a sparse one, a named tuple of a fixed and a variable shape,
+    a tuple of booleans and halves, and an image-like tensor of varying size."""
+
+    def element(i):
+        return {
+            "id": i,
+            "name": tf.strings.as_string(i),
+            "words": tf.strings.split(tf.strings.reduce_join(tf.fill([i % 3 + 1], "ab "))),
+            "ragged": tf.RaggedTensor.from_row_lengths(tf.range(i % 4 * 2), [i % 4, i % 4]),
+            "sparse": tf.sparse.SparseTensor([[0, i % 5]], [tf.cast(i, tf.float32)], [2, 5]),
+            "pair": Pair(tf.fill([3], tf.cast(i, tf.int32)), tf.zeros([i % 3, 2], tf.float64)),
+            "flags": (i % 2 == 0, tf.cast(i, tf.float16)),
+            "image": tf.cast(tf.fill([i % 4 + 1, 2, 3], i), tf.uint8),
+        }
+
+    return tf.data.Dataset.range(n).map(element)

@@ -21,8 +21,8 @@ from dataservice.dispatcher.context import CoreContext
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.state import DatasetId
 from dataservice.monitoring.logs import ids
+from dataservice.pipeline import element_layout, policy, sharding, splits
 from dataservice.pipeline import graph as graph_lib
-from dataservice.pipeline import policy, sharding, splits
 from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class DatasetAdmission:
     def register(self, request: dispatcher_pb2.RegisterDatasetRequest) -> dispatcher_pb2.RegisterDatasetResponse:
         ctx = self._ctx
         if len(request.graph_def) > ctx.config.max_graph_bytes:
-            raise status.ServiceError(
+            raise status.error(
                 status.Code.RESOURCE_EXHAUSTED,
                 f"the dataset graph is {len(request.graph_def):,} bytes, over {ctx.where}'s max_graph_bytes "
                 f"({ctx.config.max_graph_bytes:,}): read large data from files in the pipeline rather than "
@@ -121,9 +121,31 @@ class DatasetAdmission:
         return dataset_id
 
     def metadata(self, request: dispatcher_pb2.GetDataServiceMetadataRequest):
+        """The dataset's metadata and its element layout (for clients without TensorFlow); asked
+        by job_name alone, those of the one dataset that has a job of that name."""
         with self._ctx.lock:
-            metadata = self._ctx.dataset(request.dataset_id).metadata
-        return dispatcher_pb2.GetDataServiceMetadataResponse(metadata=metadata)
+            dataset_id = request.dataset_id or self._dataset_of_job(request.job_name)
+            metadata = self._ctx.dataset(dataset_id).metadata
+        response = dispatcher_pb2.GetDataServiceMetadataResponse(metadata=metadata, dataset_id=dataset_id)
+        try:
+            spec = graph_lib.decode_element_spec(metadata.element_spec)
+            response.element_layout.CopyFrom(element_layout.element_layout(spec))
+        except (ValueError, TypeError, tf.errors.OpError) as e:
+            # Left empty: a reader without TensorFlow says why it cannot read this dataset.
+            log.debug("dataset %s has no element layout: %s", dataset_id, e)
+        return response
+
+    def _dataset_of_job(self, job_name: str) -> str:
+        if not job_name:
+            raise status.invalid_argument("GetDataServiceMetadata needs a dataset_id or a job_name")
+        datasets = self._ctx.state.datasets_with_job_named(job_name)
+        if not datasets:
+            raise status.not_found(f"no job named {job_name!r}: create it by reading a dataset with that job_name")
+        if len(datasets) > 1:
+            raise status.invalid_argument(
+                f"datasets {', '.join(map(repr, datasets))} each have a job named {job_name!r}: give the dataset_id"
+            )
+        return datasets[0]
 
     def element_spec(self, request: dispatcher_pb2.GetElementSpecRequest):
         with self._ctx.lock:

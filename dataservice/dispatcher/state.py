@@ -544,6 +544,10 @@ class DispatcherState:
         job_id = self._job_by_name.get((dataset_id, job_name))
         return None if job_id is None else self._jobs[job_id]
 
+    def datasets_with_job_named(self, job_name: str) -> list[DatasetId]:
+        """The datasets that have a job of this name (names are per dataset)."""
+        return sorted({dataset_id for dataset_id, name in self._job_by_name if name == job_name})
+
     def was_dropped(self, kind: str, object_id: int) -> bool:
         """Whether an id of `kind` ("job", "iteration", "task") that the state does not hold was
         in use once (ids are handed out in order and never reused), so retention dropped it."""

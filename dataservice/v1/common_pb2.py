@@ -24,33 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61taservice/v1/common.proto\x12\x0e\x64\x61taservice.v1\"L\n\x11ProcessingModeDef\x12\x37\n\x0fsharding_policy\x18\x01 \x01(\x0e\x32\x1e.dataservice.v1.ShardingPolicy\"n\n\x0f\x44\x61tasetMetadata\x12\x14\n\x0c\x65lement_spec\x18\x01 \x01(\x0c\x12\x30\n\x0b\x63ompression\x18\x02 \x01(\x0e\x32\x1b.dataservice.v1.Compression\x12\x13\n\x0b\x63\x61rdinality\x18\x03 \x01(\x03\"\xfd\x02\n\x07TaskDef\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x12\n\ndataset_id\x18\x04 \x01(\t\x12:\n\x0fprocessing_mode\x18\x05 \x01(\x0b\x32!.dataservice.v1.ProcessingModeDef\x12\x16\n\x0eworker_address\x18\x06 \x01(\t\x12\x14\n\x0cworker_index\x18\x07 \x01(\x03\x12\x13\n\x0bnum_workers\x18\x08 \x01(\x03\x12\x15\n\rnum_consumers\x18\t \x01(\x03\x12\x16\n\x0estarting_round\x18\n \x01(\x03\x12\x15\n\rskip_elements\x18\x0b \x01(\x03\x12\x12\n\nrepetition\x18\x0c \x01(\x03\x12\x1f\n\x17use_cross_trainer_cache\x18\r \x01(\x08\x12\x1b\n\x13seconds_per_element\x18\x0e \x01(\x01\x12\x10\n\x08read_key\x18\x0f \x01(\t\"\x9a\x01\n\x08TaskInfo\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x16\n\x0eworker_address\x18\x02 \x01(\t\x12\x18\n\x10transfer_address\x18\x03 \x01(\t\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x16\n\x0estarting_round\x18\x05 \x01(\x03\x12\x0c\n\x04lost\x18\x06 \x01(\x08\x12\x13\n\x0bworker_tags\x18\x07 \x03(\t\"\xbc\x01\n\nTensorData\x12\r\n\x05\x64type\x18\x01 \x01(\x05\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x30\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x1b.dataservice.v1.Compression\x12\x19\n\x11uncompressed_size\x18\x06 \x01(\x03\x12\x0c\n\x04size\x18\x07 \x01(\x03\x12\x14\n\x0clengths_size\x18\x08 \x01(\x03\x12\x13\n\x0bshapes_size\x18\t \x01(\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05\"T\n\x0c\x45lementChunk\x12\x14\n\x0cnum_elements\x18\x01 \x01(\x03\x12.\n\ncomponents\x18\x02 \x03(\x0b\x32\x1a.dataservice.v1.TensorData\"\x8d\x01\n\x10SnapshotChunkDef\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\x03\x12-\n\x06ranges\x18\x04 \x03(\x0b\x32\x1d.dataservice.v1.SnapshotRange\x12\x13\n\x0b\x63ompression\x18\x05 \x01(\t\"@\n\rSnapshotRange\x12\x13\n\x0bsplit_group\x18\x01 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03*\xb6\x01\n\x0eShardingPolicy\x12\x17\n\x13SHARDING_POLICY_OFF\x10\x00\x12\x1b\n\x17SHARDING_POLICY_DYNAMIC\x10\x01\x12\x18\n\x14SHARDING_POLICY_FILE\x10\x02\x12\x18\n\x14SHARDING_POLICY_DATA\x10\x03\x12 \n\x1cSHARDING_POLICY_FILE_OR_DATA\x10\x04\x12\x18\n\x14SHARDING_POLICY_HINT\x10\x05*f\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_AUTO\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01\x12\x13\n\x0f\x43OMPRESSION_LZ4\x10\x02\x12\x16\n\x12\x43OMPRESSION_SNAPPY\x10\x03*Z\n\rTargetWorkers\x12\x17\n\x13TARGET_WORKERS_AUTO\x10\x00\x12\x16\n\x12TARGET_WORKERS_ANY\x10\x01\x12\x18\n\x14TARGET_WORKERS_LOCAL\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61taservice/v1/common.proto\x12\x0e\x64\x61taservice.v1\"L\n\x11ProcessingModeDef\x12\x37\n\x0fsharding_policy\x18\x01 \x01(\x0e\x32\x1e.dataservice.v1.ShardingPolicy\"n\n\x0f\x44\x61tasetMetadata\x12\x14\n\x0c\x65lement_spec\x18\x01 \x01(\x0c\x12\x30\n\x0b\x63ompression\x18\x02 \x01(\x0e\x32\x1b.dataservice.v1.Compression\x12\x13\n\x0b\x63\x61rdinality\x18\x03 \x01(\x03\"v\n\rElementLayout\x12\x33\n\ncomponents\x18\x01 \x03(\x0b\x32\x1f.dataservice.v1.ComponentLayout\x12\x30\n\tstructure\x18\x02 \x01(\x0b\x32\x1d.dataservice.v1.StructureNode\"E\n\x0f\x43omponentLayout\x12\r\n\x05\x64type\x18\x01 \x01(\x05\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x14\n\x0cunknown_rank\x18\x03 \x01(\x08\"\xdf\x01\n\rStructureNode\x12\x10\n\x06tensor\x18\x01 \x01(\x05H\x00\x12\x35\n\x08sequence\x18\x02 \x01(\x0b\x32!.dataservice.v1.StructureSequenceH\x00\x12-\n\x04\x64ict\x18\x03 \x01(\x0b\x32\x1d.dataservice.v1.StructureDictH\x00\x12,\n\x06ragged\x18\x04 \x01(\x0b\x32\x1a.dataservice.v1.RaggedNodeH\x00\x12\x10\n\x06sparse\x18\x05 \x01(\x05H\x00\x12\x0e\n\x04none\x18\x06 \x01(\x08H\x00\x42\x06\n\x04node\"\xd1\x01\n\x11StructureSequence\x12\x34\n\x04kind\x18\x01 \x01(\x0e\x32&.dataservice.v1.StructureSequence.Kind\x12,\n\x05items\x18\x02 \x03(\x0b\x32\x1d.dataservice.v1.StructureNode\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06\x66ields\x18\x04 \x03(\t\":\n\x04Kind\x12\x0e\n\nKIND_TUPLE\x10\x00\x12\r\n\tKIND_LIST\x10\x01\x12\x13\n\x0fKIND_NAMEDTUPLE\x10\x02\"L\n\rStructureDict\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12-\n\x06values\x18\x02 \x03(\x0b\x32\x1d.dataservice.v1.StructureNode\":\n\nRaggedNode\x12\x17\n\x0f\x66irst_component\x18\x01 \x01(\x05\x12\x13\n\x0bragged_rank\x18\x02 \x01(\x05\"\xfd\x02\n\x07TaskDef\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x12\n\ndataset_id\x18\x04 \x01(\t\x12:\n\x0fprocessing_mode\x18\x05 \x01(\x0b\x32!.dataservice.v1.ProcessingModeDef\x12\x16\n\x0eworker_address\x18\x06 \x01(\t\x12\x14\n\x0cworker_index\x18\x07 \x01(\x03\x12\x13\n\x0bnum_workers\x18\x08 \x01(\x03\x12\x15\n\rnum_consumers\x18\t \x01(\x03\x12\x16\n\x0estarting_round\x18\n \x01(\x03\x12\x15\n\rskip_elements\x18\x0b \x01(\x03\x12\x12\n\nrepetition\x18\x0c \x01(\x03\x12\x1f\n\x17use_cross_trainer_cache\x18\r \x01(\x08\x12\x1b\n\x13seconds_per_element\x18\x0e \x01(\x01\x12\x10\n\x08read_key\x18\x0f \x01(\t\"\x9a\x01\n\x08TaskInfo\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x16\n\x0eworker_address\x18\x02 \x01(\t\x12\x18\n\x10transfer_address\x18\x03 \x01(\t\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x16\n\x0estarting_round\x18\x05 \x01(\x03\x12\x0c\n\x04lost\x18\x06 \x01(\x08\x12\x13\n\x0bworker_tags\x18\x07 \x03(\t\"\xbc\x01\n\nTensorData\x12\r\n\x05\x64type\x18\x01 \x01(\x05\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x30\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x1b.dataservice.v1.Compression\x12\x19\n\x11uncompressed_size\x18\x06 \x01(\x03\x12\x0c\n\x04size\x18\x07 \x01(\x03\x12\x14\n\x0clengths_size\x18\x08 \x01(\x03\x12\x13\n\x0bshapes_size\x18\t \x01(\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05\"T\n\x0c\x45lementChunk\x12\x14\n\x0cnum_elements\x18\x01 \x01(\x03\x12.\n\ncomponents\x18\x02 \x03(\x0b\x32\x1a.dataservice.v1.TensorData\"\x8d\x01\n\x10SnapshotChunkDef\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\x03\x12-\n\x06ranges\x18\x04 \x03(\x0b\x32\x1d.dataservice.v1.SnapshotRange\x12\x13\n\x0b\x63ompression\x18\x05 \x01(\t\"@\n\rSnapshotRange\x12\x13\n\x0bsplit_group\x18\x01 \x01(\x03\x12\r\n\x05\x62\x65gin\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03*\xb6\x01\n\x0eShardingPolicy\x12\x17\n\x13SHARDING_POLICY_OFF\x10\x00\x12\x1b\n\x17SHARDING_POLICY_DYNAMIC\x10\x01\x12\x18\n\x14SHARDING_POLICY_FILE\x10\x02\x12\x18\n\x14SHARDING_POLICY_DATA\x10\x03\x12 \n\x1cSHARDING_POLICY_FILE_OR_DATA\x10\x04\x12\x18\n\x14SHARDING_POLICY_HINT\x10\x05*f\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_AUTO\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01\x12\x13\n\x0f\x43OMPRESSION_LZ4\x10\x02\x12\x16\n\x12\x43OMPRESSION_SNAPPY\x10\x03*Z\n\rTargetWorkers\x12\x17\n\x13TARGET_WORKERS_AUTO\x10\x00\x12\x16\n\x12TARGET_WORKERS_ANY\x10\x01\x12\x18\n\x14TARGET_WORKERS_LOCAL\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dataservice.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SHARDINGPOLICY']._serialized_start=1266
-  _globals['_SHARDINGPOLICY']._serialized_end=1448
-  _globals['_COMPRESSION']._serialized_start=1450
-  _globals['_COMPRESSION']._serialized_end=1552
-  _globals['_TARGETWORKERS']._serialized_start=1554
-  _globals['_TARGETWORKERS']._serialized_end=1644
+  _globals['_SHARDINGPOLICY']._serialized_start=2033
+  _globals['_SHARDINGPOLICY']._serialized_end=2215
+  _globals['_COMPRESSION']._serialized_start=2217
+  _globals['_COMPRESSION']._serialized_end=2319
+  _globals['_TARGETWORKERS']._serialized_start=2321
+  _globals['_TARGETWORKERS']._serialized_end=2411
   _globals['_PROCESSINGMODEDEF']._serialized_start=47
   _globals['_PROCESSINGMODEDEF']._serialized_end=123
   _globals['_DATASETMETADATA']._serialized_start=125
   _globals['_DATASETMETADATA']._serialized_end=235
-  _globals['_TASKDEF']._serialized_start=238
-  _globals['_TASKDEF']._serialized_end=619
-  _globals['_TASKINFO']._serialized_start=622
-  _globals['_TASKINFO']._serialized_end=776
-  _globals['_TENSORDATA']._serialized_start=779
-  _globals['_TENSORDATA']._serialized_end=967
-  _globals['_ELEMENTCHUNK']._serialized_start=969
-  _globals['_ELEMENTCHUNK']._serialized_end=1053
-  _globals['_SNAPSHOTCHUNKDEF']._serialized_start=1056
-  _globals['_SNAPSHOTCHUNKDEF']._serialized_end=1197
-  _globals['_SNAPSHOTRANGE']._serialized_start=1199
-  _globals['_SNAPSHOTRANGE']._serialized_end=1263
+  _globals['_ELEMENTLAYOUT']._serialized_start=237
+  _globals['_ELEMENTLAYOUT']._serialized_end=355
+  _globals['_COMPONENTLAYOUT']._serialized_start=357
+  _globals['_COMPONENTLAYOUT']._serialized_end=426
+  _globals['_STRUCTURENODE']._serialized_start=429
+  _globals['_STRUCTURENODE']._serialized_end=652
+  _globals['_STRUCTURESEQUENCE']._serialized_start=655
+  _globals['_STRUCTURESEQUENCE']._serialized_end=864
+  _globals['_STRUCTURESEQUENCE_KIND']._serialized_start=806
+  _globals['_STRUCTURESEQUENCE_KIND']._serialized_end=864
+  _globals['_STRUCTUREDICT']._serialized_start=866
+  _globals['_STRUCTUREDICT']._serialized_end=942
+  _globals['_RAGGEDNODE']._serialized_start=944
+  _globals['_RAGGEDNODE']._serialized_end=1002
+  _globals['_TASKDEF']._serialized_start=1005
+  _globals['_TASKDEF']._serialized_end=1386
+  _globals['_TASKINFO']._serialized_start=1389
+  _globals['_TASKINFO']._serialized_end=1543
+  _globals['_TENSORDATA']._serialized_start=1546
+  _globals['_TENSORDATA']._serialized_end=1734
+  _globals['_ELEMENTCHUNK']._serialized_start=1736
+  _globals['_ELEMENTCHUNK']._serialized_end=1820
+  _globals['_SNAPSHOTCHUNKDEF']._serialized_start=1823
+  _globals['_SNAPSHOTCHUNKDEF']._serialized_end=1964
+  _globals['_SNAPSHOTRANGE']._serialized_start=1966
+  _globals['_SNAPSHOTRANGE']._serialized_end=2030
 # @@protoc_insertion_point(module_scope)

@@ -58,6 +58,76 @@ class DatasetMetadata(_message.Message):
     cardinality: int
     def __init__(self, element_spec: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., cardinality: _Optional[int] = ...) -> None: ...
 
+class ElementLayout(_message.Message):
+    __slots__ = ("components", "structure")
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURE_FIELD_NUMBER: _ClassVar[int]
+    components: _containers.RepeatedCompositeFieldContainer[ComponentLayout]
+    structure: StructureNode
+    def __init__(self, components: _Optional[_Iterable[_Union[ComponentLayout, _Mapping]]] = ..., structure: _Optional[_Union[StructureNode, _Mapping]] = ...) -> None: ...
+
+class ComponentLayout(_message.Message):
+    __slots__ = ("dtype", "shape", "unknown_rank")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_RANK_FIELD_NUMBER: _ClassVar[int]
+    dtype: int
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    unknown_rank: bool
+    def __init__(self, dtype: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., unknown_rank: _Optional[bool] = ...) -> None: ...
+
+class StructureNode(_message.Message):
+    __slots__ = ("tensor", "sequence", "dict", "ragged", "sparse", "none")
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DICT_FIELD_NUMBER: _ClassVar[int]
+    RAGGED_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    NONE_FIELD_NUMBER: _ClassVar[int]
+    tensor: int
+    sequence: StructureSequence
+    dict: StructureDict
+    ragged: RaggedNode
+    sparse: int
+    none: bool
+    def __init__(self, tensor: _Optional[int] = ..., sequence: _Optional[_Union[StructureSequence, _Mapping]] = ..., dict: _Optional[_Union[StructureDict, _Mapping]] = ..., ragged: _Optional[_Union[RaggedNode, _Mapping]] = ..., sparse: _Optional[int] = ..., none: _Optional[bool] = ...) -> None: ...
+
+class StructureSequence(_message.Message):
+    __slots__ = ("kind", "items", "name", "fields")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_TUPLE: _ClassVar[StructureSequence.Kind]
+        KIND_LIST: _ClassVar[StructureSequence.Kind]
+        KIND_NAMEDTUPLE: _ClassVar[StructureSequence.Kind]
+    KIND_TUPLE: StructureSequence.Kind
+    KIND_LIST: StructureSequence.Kind
+    KIND_NAMEDTUPLE: StructureSequence.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    kind: StructureSequence.Kind
+    items: _containers.RepeatedCompositeFieldContainer[StructureNode]
+    name: str
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[_Union[StructureSequence.Kind, str]] = ..., items: _Optional[_Iterable[_Union[StructureNode, _Mapping]]] = ..., name: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StructureDict(_message.Message):
+    __slots__ = ("keys", "values")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    values: _containers.RepeatedCompositeFieldContainer[StructureNode]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., values: _Optional[_Iterable[_Union[StructureNode, _Mapping]]] = ...) -> None: ...
+
+class RaggedNode(_message.Message):
+    __slots__ = ("first_component", "ragged_rank")
+    FIRST_COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    RAGGED_RANK_FIELD_NUMBER: _ClassVar[int]
+    first_component: int
+    ragged_rank: int
+    def __init__(self, first_component: _Optional[int] = ..., ragged_rank: _Optional[int] = ...) -> None: ...
+
 class TaskDef(_message.Message):
     __slots__ = ("task_id", "iteration_id", "job_id", "dataset_id", "processing_mode", "worker_address", "worker_index", "num_workers", "num_consumers", "starting_round", "skip_elements", "repetition", "use_cross_trainer_cache", "seconds_per_element", "read_key")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]

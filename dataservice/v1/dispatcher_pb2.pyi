@@ -26,16 +26,22 @@ class RegisterDatasetResponse(_message.Message):
     def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
 
 class GetDataServiceMetadataRequest(_message.Message):
-    __slots__ = ("dataset_id",)
+    __slots__ = ("dataset_id", "job_name")
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     dataset_id: str
-    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+    job_name: str
+    def __init__(self, dataset_id: _Optional[str] = ..., job_name: _Optional[str] = ...) -> None: ...
 
 class GetDataServiceMetadataResponse(_message.Message):
-    __slots__ = ("metadata",)
+    __slots__ = ("metadata", "element_layout", "dataset_id")
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    ELEMENT_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     metadata: _common_pb2.DatasetMetadata
-    def __init__(self, metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ...) -> None: ...
+    element_layout: _common_pb2.ElementLayout
+    dataset_id: str
+    def __init__(self, metadata: _Optional[_Union[_common_pb2.DatasetMetadata, _Mapping]] = ..., element_layout: _Optional[_Union[_common_pb2.ElementLayout, _Mapping]] = ..., dataset_id: _Optional[str] = ...) -> None: ...
 
 class GetElementSpecRequest(_message.Message):
     __slots__ = ("dataset_id",)
