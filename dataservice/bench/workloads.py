@@ -24,6 +24,9 @@ tf.data service and dataservice, in one process run, reported as ratios.
 14. short strings (tf.strings.as_string of the index), 1 worker, ours over TCP (elements/s)
 15. 4 clients (threads) each reading range(N) from 4 workers at once, ours over TCP
    (elements/s, all clients together)
+16. the numpy client (dataservice.reader.NumpyReader, no TensorFlow bridge) against local
+   tf.data's as_numpy_iterator() of the same pipeline: scalars batched by 256 on the worker
+   (elements/s) and 1 MiB float32 elements (MB/s) over TCP, and 1 MiB on the trainer's host
 
 TensorFlow's workers run as processes of their own, as ours do (`data-server`
 processes), as they would in production; its dispatcher runs in this process
@@ -69,7 +72,7 @@ from dataservice.transfer import allocator
 from dataservice.v1 import journal_pb2
 
 tf_service = tf.data.experimental.service
-ALL_WORKLOADS = list(range(1, 16))
+ALL_WORKLOADS = list(range(1, 17))
 # What a measurement gives: one value, or values by metric name.
 Measured = float | dict[str, float]
 
@@ -457,6 +460,8 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
                 repeats=repeats,
                 ours=OVER_TCP,
             )
+        if 16 in workloads:
+            _numpy_client(bench, clusters["dataservice"], n_scalars["other"], n_big, repeats)
         if 5 in workloads:
             # A new pipeline each trial: the first element of a new job, not of a cached one.
             bench.compare(
@@ -627,6 +632,44 @@ def _four_clients(bench: Bench, clusters: dict[str, object], sizes: dict[str, in
             thread.join()
         values[system] = sum(read) / (time.perf_counter() - began)
     bench.record("15. 4 clients reading 4 workers at once", "throughput", "elements/s, all clients", values)
+
+
+def _numpy_rate(elements: Any, element_bytes: int) -> dict[str, float]:
+    """Elements (rows of the batches) per second and MB/s of iterating `elements` to the end."""
+    start = time.perf_counter()
+    count = 0
+    for element in elements:
+        count += len(element) if element_bytes == 8 else 1
+    seconds = time.perf_counter() - start
+    return {"elements_per_s": count / seconds, "mb_per_s": count * element_bytes / seconds / 1e6}
+
+
+def _numpy_client(bench: Bench, cluster: Any, n_scalars: int, n_big: int, repeats: int) -> None:
+    """16: NumpyReader (a trainer without TensorFlow, no numpy_function bridge) against local
+    tf.data's as_numpy_iterator() of the same pipeline, both iterated element by element."""
+    from dataservice.reader import NumpyReader
+
+    mib = 1024 * 1024
+    rows = (
+        (
+            "16. numpy client: scalars batched by 256, over TCP",
+            tf.data.Dataset.range(n_scalars).batch(256),
+            8,
+            OVER_TCP,
+        ),
+        ("16. numpy client: 1 MiB float32 (tf.fill), over TCP", _filled(n_big), mib, OVER_TCP),
+        ("16. numpy client: 1 MiB float32 (tf.fill), on the trainer's host", _filled(n_big), mib, {}),
+    )
+    for label, dataset, element_bytes, transfer in rows:
+        dataset_id = dataservice.register_dataset(cluster.target, dataset, compression=None).numpy().decode()
+        samples: dict[str, list[float]] = {"local": [], "dataservice": []}
+        metric = "elements_per_s" if element_bytes == 8 else "mb_per_s"
+        for _ in range(repeats):
+            samples["local"].append(_numpy_rate(dataset.as_numpy_iterator(), element_bytes)[metric])
+            with NumpyReader(cluster.target, dataset_id, **transfer) as reader:
+                samples["dataservice"].append(_numpy_rate(reader, element_bytes)[metric])
+        values = {system: statistics.median(runs) for system, runs in samples.items()}
+        bench.record(label, "throughput", "elements/s" if element_bytes == 8 else "MB/s", values)
 
 
 def _consume(dataset: tf.data.Dataset, read: list[int], index: int) -> None:

@@ -24,7 +24,7 @@ def test_quick_bench_completes(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     workloads = {row["workload"].split(".")[0] for row in rows}
-    assert workloads == {str(w) for w in range(1, 16)}
+    assert workloads == {str(w) for w in range(1, 17)}
     tls_rows = [row for row in rows if row["workload"].startswith("9.")]
     assert len(tls_rows) == 2 and all(row["values"]["tls"] > 0 for row in tls_rows)
     compared = [row for row in rows if "tf.data service" in row["values"]]
