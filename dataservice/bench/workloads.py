@@ -28,6 +28,9 @@ tf.data service and dataservice, in one process run, reported as ratios.
    tf.data's as_numpy_iterator() of the same pipeline: scalars batched by 256 on the worker
    (elements/s) and 1 MiB float32 elements (MB/s) over TCP, and 1 MiB on the trainer's host
 
+--quick stops at 2 workers (workload 4 at 1 and 2, workload 15 from 2): starting two more
+worker processes per system takes longer than all its workloads.
+
 TensorFlow's workers run as processes of their own, as ours do (`data-server`
 processes), as they would in production; its dispatcher runs in this process
 (it is not on the data path). The client of each runs in this process, with
@@ -376,7 +379,7 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
     # Short measurements vary most: they are repeated and their median reported.
     repeats = 3 if not quick else 1
     latency_repeats = 9 if not quick else 3
-    clusters = _side_by_side(_SYSTEMS) if set(workloads) - {6, 7, 8, 9, 10} else {}
+    clusters = _side_by_side(_SYSTEMS) if set(workloads) - {6, 7, 8, 9} else {}
     try:
         _add_workers(clusters, 1)
         bench.warm_up(clusters)
@@ -462,6 +465,8 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
             )
         if 16 in workloads:
             _numpy_client(bench, clusters["dataservice"], n_scalars["other"], n_big, repeats)
+        if 10 in workloads:
+            _cross_trainer_cache(bench, clusters, scale)
         if 5 in workloads:
             # A new pipeline each trial: the first element of a new job, not of a cached one.
             bench.compare(
@@ -514,14 +519,19 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
                 local=False,
                 repeats=repeats,
             )
-        if {4, 15} & set(workloads):
+        # A smoke run (--quick) stops at 2 workers: starting two more worker processes per system
+        # takes longer than all its workloads.
+        if {4, 15} & set(workloads) and not quick:
             _add_workers(clusters, 2)
             bench.warm_up(clusters)
         if 15 in workloads:
             _four_clients(
-                bench, clusters, {"tf.data service": int(20_000 * scale) or 500, "other": int(500_000 * scale) or 5000}
+                bench,
+                clusters,
+                {"tf.data service": int(20_000 * scale) or 500, "other": int(500_000 * scale) or 5000},
+                workers=2 if quick else 4,
             )
-        if 4 in workloads:
+        if 4 in workloads and not quick:
             rates[4] = bench.compare(
                 "4. sleep 2 ms/element, 4 workers",
                 "throughput",
@@ -532,7 +542,8 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
                 local=False,
                 repeats=repeats,
             )
-            for k in (2, 4):
+        if 4 in workloads:
+            for k in sorted(rates.keys() - {1}):
                 bench.record(
                     f"4. scaling efficiency, {k} workers",
                     "efficiency",
@@ -581,8 +592,6 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
         )
     if 9 in workloads:
         _tls_cost(bench, scale, repeats)
-    if 10 in workloads:
-        _cross_trainer_cache(bench, scale)
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"quick": quick, "rows": bench.rows}, f, indent=2)
@@ -614,9 +623,9 @@ def _images(count: int) -> tf.data.Dataset:
     )
 
 
-def _four_clients(bench: Bench, clusters: dict[str, object], sizes: dict[str, int]) -> None:
-    """Four trainers (threads of this process) each read range(N) in parallel_epochs from the four
-    workers at once (each gets every worker's N elements); all elements read over the wall time."""
+def _four_clients(bench: Bench, clusters: dict[str, object], sizes: dict[str, int], workers: int) -> None:
+    """Four trainers (threads of this process) each read range(N) in parallel_epochs from the
+    `workers` workers at once (each gets every worker's N elements); all elements read over the wall time."""
     values: dict[str, float] = {}
     for system, cluster in clusters.items():
         count = _sized(sizes, system)
@@ -631,7 +640,7 @@ def _four_clients(bench: Bench, clusters: dict[str, object], sizes: dict[str, in
         for thread in threads:
             thread.join()
         values[system] = sum(read) / (time.perf_counter() - began)
-    bench.record("15. 4 clients reading 4 workers at once", "throughput", "elements/s, all clients", values)
+    bench.record(f"15. 4 clients reading {workers} workers at once", "throughput", "elements/s, all clients", values)
 
 
 def _numpy_rate(elements: Any, element_bytes: int) -> dict[str, float]:
@@ -677,59 +686,52 @@ def _consume(dataset: tf.data.Dataset, read: list[int], index: int) -> None:
         read[index] += int(batch.shape[0])
 
 
-def _cross_trainer_cache(bench: Bench, scale: float) -> None:
+def _cross_trainer_cache(bench: Bench, clusters: dict[str, Any], scale: float) -> None:
     """Trainers in threads, each with its own trainer_id, read one named job of an infinite range
-    at the same time. The elements are the source's indices in order, so the largest one any
-    trainer saw bounds from below what the worker produced, the same way for both services."""
+    at the same time (from the clusters' one worker). The elements are the source's indices in
+    order, so the largest one any trainer saw bounds from below what the worker produced, the
+    same way for both services."""
     per_trainer = int(20_000 * scale) or 1000
-    clusters = _side_by_side(_SYSTEMS)
-    try:
-        _add_workers(clusters, 1)
-        for trainers in (1, 2, 4):
-            ratios: dict[str, float] = {}
-            rates: dict[str, float] = {}
-            for system, cluster in clusters.items():
-                cache_class = (
-                    tf_service.CrossTrainerCache if system == "tf.data service" else dataservice.CrossTrainerCache
-                )
-                seen: list[int] = []
-                job_name = f"cache-{trainers}"
-                threads = [
-                    threading.Thread(
-                        target=_read_as_trainer,
-                        args=(
-                            bench.distribute(
-                                system, cluster, job_name=job_name, cross_trainer_cache=cache_class(trainer_id=f"t{i}")
-                            ),
-                            per_trainer,
-                            seen,
+    for trainers in (1, 2, 4):
+        ratios: dict[str, float] = {}
+        rates: dict[str, float] = {}
+        for system, cluster in clusters.items():
+            cache_class = tf_service.CrossTrainerCache if system == "tf.data service" else dataservice.CrossTrainerCache
+            seen: list[int] = []
+            job_name = f"cache-{trainers}"
+            threads = [
+                threading.Thread(
+                    target=_read_as_trainer,
+                    args=(
+                        bench.distribute(
+                            system, cluster, job_name=job_name, cross_trainer_cache=cache_class(trainer_id=f"t{i}")
                         ),
-                    )
-                    for i in range(trainers)
-                ]
-                began = time.perf_counter()
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join()
-                rates[system] = trainers * per_trainer / (time.perf_counter() - began)
-                ratios[system] = (max(seen) + 1) / (trainers * per_trainer)
-            bench.record(
-                f"10. cross-trainer cache, {trainers} trainer{'s' if trainers > 1 else ''}",
-                "produced/consumed",
-                "elements",
-                ratios,
-                higher_is_better=False,
-            )
-            bench.record(
-                f"10. cross-trainer cache, {trainers} trainer{'s' if trainers > 1 else ''}",
-                "throughput",
-                "elements/s, all trainers",
-                rates,
-            )
-    finally:
-        for cluster in clusters.values():
-            cluster.stop()
+                        per_trainer,
+                        seen,
+                    ),
+                )
+                for i in range(trainers)
+            ]
+            began = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            rates[system] = trainers * per_trainer / (time.perf_counter() - began)
+            ratios[system] = (max(seen) + 1) / (trainers * per_trainer)
+        bench.record(
+            f"10. cross-trainer cache, {trainers} trainer{'s' if trainers > 1 else ''}",
+            "produced/consumed",
+            "elements",
+            ratios,
+            higher_is_better=False,
+        )
+        bench.record(
+            f"10. cross-trainer cache, {trainers} trainer{'s' if trainers > 1 else ''}",
+            "throughput",
+            "elements/s, all trainers",
+            rates,
+        )
 
 
 def _read_as_trainer(distribute: Callable, count: int, seen: list[int]) -> None:
