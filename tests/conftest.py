@@ -175,8 +175,24 @@ class SecureCluster:
 
 
 @pytest.fixture(scope="module")
-def secure_cluster(tmp_path_factory):
-    """One SecureCluster per test module (its servers take seconds to start)."""
+def secure_cluster(_secure_servers):
+    """The SecureCluster, with this process as its client: the CA and the client token in its
+    environment while the module's tests run. Its servers are the session's (each start took
+    about 9 s, once for each of eight modules): tests see what earlier modules left (datasets,
+    jobs), as tests of one module always did."""
+    from dataservice.rpc import auth, tls
+
+    cluster = _secure_servers
+    with pytest.MonkeyPatch.context() as environment:
+        environment.setenv(tls.CA_ENV, cluster.certs.ca_file)
+        environment.setenv(auth.TOKEN_ENV, cluster.token)
+        yield cluster
+    assert cluster.dispatcher.proc.poll() is None and cluster.worker.proc.poll() is None, "a secure server died"
+
+
+@pytest.fixture(scope="session")
+def _secure_servers(tmp_path_factory):
+    """The servers of the SecureCluster, started once per session."""
     from dataservice.bench.certificates import make_certificates
     from dataservice.rpc import auth, tls
 
@@ -229,21 +245,20 @@ def secure_cluster(tmp_path_factory):
         )
         started.append(worker)
         with pytest.MonkeyPatch.context() as environment:
-            environment.setenv(tls.CA_ENV, certs.ca_file)
             environment.setenv(auth.TOKEN_ENV, token)
             wait_for_workers(dispatcher.address, 1, tls=tls.TlsFiles(ca_file=certs.ca_file))
-            yield SecureCluster(
-                f"grpc+tls://{dispatcher.address}",
-                dispatcher,
-                worker,
-                certs,
-                token,
-                str(token_file),
-                worker_token,
-                str(data_dir),
-                str(snapshots_dir),
-                monitoring_token,
-            )
+        yield SecureCluster(
+            f"grpc+tls://{dispatcher.address}",
+            dispatcher,
+            worker,
+            certs,
+            token,
+            str(token_file),
+            worker_token,
+            str(data_dir),
+            str(snapshots_dir),
+            monitoring_token,
+        )
     finally:
         for server in started:
             server.kill()
