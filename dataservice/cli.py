@@ -387,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
             except (sandbox.SandboxError, OSError) as e:
                 print(f"data-server: cannot start the worker: {e}", file=sys.stderr)
                 return 1
+    # A server runs no JAX, but TensorFlow imports it at start-up wherever it is installed (its
+    # lite converter's optional JAX support): half a second of every server's start on 2 cores.
+    sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
     quiet_tensorflow()
     import tensorflow as tf
 
