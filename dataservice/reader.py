@@ -141,6 +141,8 @@ class NumpyReader:
             raise ValueError("NumpyReader needs a dataset_id, or the job_name of a job that reads one")
         if dataset_id is not None and (not isinstance(dataset_id, str) or not dataset_id):
             raise ValueError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+        if not isinstance(repetition, int) or isinstance(repetition, bool) or repetition < 0:
+            raise ValueError(f"repetition must be a non-negative integer, got {repetition!r}")
         with DispatcherClient(
             self._target.address, self._options.timeout_s, shared=True, tls=self._target.tls
         ) as dispatcher:
@@ -166,8 +168,6 @@ class NumpyReader:
             self._options.trainer_id,
         )
         self._budget = self._options.element_budget(self.structure.codec)
-        if not isinstance(repetition, int) or isinstance(repetition, bool) or repetition < 0:
-            raise ValueError(f"repetition must be a non-negative integer, got {repetition!r}")
         self._lock = threading.Lock()
         self._next_repetition = repetition
         self._resume_from: list[TaskPosition] | None = None

@@ -90,3 +90,22 @@ def test_column_elements_are_views_of_the_received_values():
     values = chunk_lib.aligned(np.arange(12, dtype=np.float32).reshape(3, 4))
     rows = chunk_lib.column_elements(kind, chunk_lib.Column(values), 3)
     assert all(np.shares_memory(row, values) for row in rows)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "needs a dataset_id, or the job_name"),
+        ({"dataset_id": ""}, "dataset_id must be a non-empty string"),
+        ({"dataset_id": "1", "repetition": -1}, "repetition must be a non-negative integer"),
+        ({"dataset_id": "1", "processing_mode": "sometimes"}, "processing_mode"),
+        ({"dataset_id": "1", "consumer_index": 0}, "given together"),
+        ({"dataset_id": "1", "max_outstanding_requests": 0}, "max_outstanding_requests"),
+    ],
+)
+def test_reader_arguments_are_checked_before_any_rpc(kwargs, message):
+    from dataservice.reader import NumpyReader
+
+    # No dispatcher listens there: an RPC would fail with UnavailableError, not ValueError.
+    with pytest.raises(ValueError, match=message):
+        NumpyReader("grpc://localhost:1", dispatcher_timeout_ms=1000, **kwargs)
