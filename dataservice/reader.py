@@ -38,7 +38,7 @@ from typing import Any
 from dataservice import status
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.numpy_elements import ElementStructure, RaggedComponents, SparseComponents
-from dataservice.client.read_options import ReadOptions
+from dataservice.client.read_options import LARGE_ELEMENT_BYTES, MERGE_BYTES, MERGE_ELEMENTS, ReadOptions
 from dataservice.client.reader import IterationReader
 from dataservice.client.session import JobSpec
 from dataservice.modes import ShardingPolicy, wire_sharding_policy
@@ -48,12 +48,6 @@ from dataservice.transfer import allocator
 
 __all__ = ["NumpyReader", "RaggedComponents", "SparseComponents"]
 
-# Chunks that arrived together are joined up to this many elements and bytes (as the
-# TensorFlow client joins them): one call into the reader per joined chunk.
-MERGE_ELEMENTS = 1024
-MERGE_BYTES = 1024 * 1024
-# Elements this large make the client keep freed memory for reuse (transfer/allocator.py).
-LARGE_ELEMENT_BYTES = 256 * 1024
 # state_dict()'s format, checked by load_state_dict().
 STATE_FORMAT = "dataservice.NumpyReader/1"
 

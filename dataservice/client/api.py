@@ -20,7 +20,7 @@ import tensorflow as tf
 from dataservice import modes, tf_internal
 from dataservice.client.chunk_layout import ChunkLayout
 from dataservice.client.coordinated_reader import CoordinatedReader
-from dataservice.client.read_options import ReadOptions, timeout_s
+from dataservice.client.read_options import LARGE_ELEMENT_BYTES, MERGE_BYTES, MERGE_ELEMENTS, ReadOptions, timeout_s
 from dataservice.client.reader import IterationReader
 from dataservice.client.saveable_stream import SaveableStream
 from dataservice.client.session import JobSpec
@@ -36,14 +36,6 @@ from dataservice.v1 import common_pb2
 
 Service = str | tuple[str, str]
 DatasetId: TypeAlias = str | bytes | int | tf.Tensor
-
-# Chunks that have arrived together are handed to tf.data as one, up to this many elements and
-# bytes: joining them is a copy, and a call into Python per chunk costs more for small ones. A
-# checkpoint holds the rest of the chunk being handed out.
-MERGE_ELEMENTS = 1024
-MERGE_BYTES = 1024 * 1024
-# A client reading elements this large keeps freed memory for reuse (transfer/allocator.py).
-LARGE_ELEMENT_BYTES = 256 * 1024
 
 
 # Called inside a tf.function, these run as Python: AutoGraph would otherwise try to convert the

@@ -28,6 +28,14 @@ DEFAULT_VARIABLE_BUDGET = 256
 # thousands would leave the others short while it sits on them (TensorFlow's client asks for a
 # few at a time). So without max_outstanding_requests a reader of a shared job holds this many.
 SHARED_JOB_BUDGET = 64
+# Chunks that have arrived together are handed to the consumer as one (to tf.data, or to the
+# numpy reader's loop), up to this many elements and bytes: joining them is a copy, and a call
+# into Python per chunk costs more for small ones. A checkpoint holds the rest of the chunk
+# being handed out.
+MERGE_ELEMENTS = 1024
+MERGE_BYTES = 1024 * 1024
+# A client reading elements this large keeps freed memory for reuse (transfer/allocator.py).
+LARGE_ELEMENT_BYTES = 256 * 1024
 
 
 class CrossTrainerCache:
