@@ -142,9 +142,7 @@ class DispatcherClient:
         return self._call(self._stub.RegisterDataset, request, "registering a dataset").dataset_id
 
     def get_data_service_metadata(self, dataset_id: str) -> common_pb2.DatasetMetadata:
-        request = dispatcher_pb2.GetDataServiceMetadataRequest(dataset_id=dataset_id)
-        what = f"fetching the element spec of dataset {dataset_id!r}"
-        return self._call(self._stub.GetDataServiceMetadata, request, what).metadata
+        return self.dataset_metadata(dataset_id).metadata
 
     def dataset_metadata(
         self, dataset_id: str = "", job_name: str = ""
