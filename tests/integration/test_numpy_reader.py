@@ -7,6 +7,7 @@ and compares what the readers got with local tf.data's as_numpy_iterator()."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import tensorflow as tf
 from conftest import REPO_ROOT, in_process_cluster, nested_pipeline
 
 import dataservice
+from dataservice.client.numpy_elements import RaggedComponents, SparseComponents
 from dataservice.rpc import auth
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,23 +34,7 @@ import numpy as np
 from dataservice.reader import NumpyReader, RaggedComponents, SparseComponents
 from dataservice import errors
 
-def plain(value):
-    # An element as JSON: arrays as lists, bytes as latin-1, ragged as lists, sparse as dense.
-    if isinstance(value, RaggedComponents):
-        return plain(value.to_list())
-    if isinstance(value, SparseComponents):
-        return plain(value.to_dense())
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in sorted(value.items())}
-    if isinstance(value, (tuple, list)):
-        return [plain(v) for v in value]
-    if isinstance(value, (bytes, np.bytes_)):
-        return bytes(value).decode("latin-1")
-    if isinstance(value, np.ndarray):
-        return [plain(v) for v in value] if value.ndim else plain(value.item())
-    if isinstance(value, np.generic):
-        return plain(value.item())
-    return value
+{PLAIN}
 
 def emit(**values):
     print(json.dumps(values), flush=True)
@@ -60,9 +46,13 @@ assert not loaded, f"tensorflow was imported: {loaded}"
 """
 
 
+def _prelude() -> str:
+    return _NO_TENSORFLOW.replace("{PLAIN}", inspect.getsource(plain))
+
+
 def run_without_tensorflow(script: str, timeout_s: float = 120, env: dict | None = None) -> list[dict]:
     """Runs `script` (after _NO_TENSORFLOW) in a fresh process; its emit() lines, parsed."""
-    source = _NO_TENSORFLOW + textwrap.dedent(script) + _CHECK_NO_TENSORFLOW
+    source = _prelude() + textwrap.dedent(script) + _CHECK_NO_TENSORFLOW
     result = subprocess.run(
         [sys.executable, "-c", source],
         cwd=REPO_ROOT,
@@ -76,14 +66,14 @@ def run_without_tensorflow(script: str, timeout_s: float = 120, env: dict | None
 
 
 def plain(value):
-    """What the reader's plain() makes of an element, from local tf.data's as_numpy_iterator()."""
-    if isinstance(value, tf.compat.v1.ragged.RaggedTensorValue):
+    """An element as JSON: arrays as lists, bytes as latin-1, ragged as lists, sparse as dense.
+    The same function serves the readers (its source goes into their scripts) and this
+    process, for local tf.data's as_numpy_iterator(), which gives ragged tensors as object
+    arrays of their rows and sparse ones as dense arrays."""
+    if isinstance(value, RaggedComponents):
         return plain(value.to_list())
-    if isinstance(value, tf.compat.v1.SparseTensorValue):
-        dense = np.zeros(value.dense_shape, value.values.dtype)
-        if len(value.values):
-            dense[tuple(value.indices.T)] = value.values
-        return plain(dense)
+    if isinstance(value, SparseComponents):
+        return plain(value.to_dense())
     if isinstance(value, dict):
         return {k: plain(v) for k, v in sorted(value.items())}
     if isinstance(value, tuple | list):
@@ -208,7 +198,7 @@ def test_a_trainer_killed_mid_epoch_resumes_from_its_saved_state_exactly_once(np
         [
             sys.executable,
             "-c",
-            _NO_TENSORFLOW
+            _prelude()
             + textwrap.dedent(
                 f"""
                 import os, time
