@@ -16,9 +16,7 @@ at the end). `--feed local` runs the same pipeline with local tf.data
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -102,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from jax.sharding import Mesh
 
+    from dataservice.demo.register_digits import register_in_a_process
     from dataservice.frameworks.jax_input import jax_batches
     from dataservice.local_cluster import LocalCluster
     from dataservice.reader import NumpyReader
@@ -115,21 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     state = (params, zeros, zeros, 1.0)
     train_step, test_step = make_steps()
     with LocalCluster(num_workers=args.workers) as cluster:
-        registered = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dataservice.demo.register_digits",
-                f"--dispatcher_address={cluster.target}",
-                f"--data_dir={data_dir}",
-                f"--batch={args.batch}",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=300,
-        )
-        ids = json.loads(registered.stdout.strip().splitlines()[-1])
+        ids = register_in_a_process(cluster.target, data_dir, args.batch)
         if args.feed == "service":
             train: Any = NumpyReader(cluster.target, ids["train"], "distributed_epoch")
             test: Any = NumpyReader(cluster.target, ids["test"], "distributed_epoch")

@@ -5,14 +5,16 @@
 Writes the digits as TFRecord shards under DIR (sample_data.py), registers the
 training pipeline (shuffled) and the test pipeline, each batched on the
 workers, and prints their dataset ids as JSON ({"train": ..., "test": ...}).
-The JAX demo (jax_mlp.py) runs it as a process of its own: this process
-imports TensorFlow, the trainer never does.
+The JAX and PyTorch demos (jax_mlp.py, torch_mlp.py) run it as a process of
+their own (register_in_a_process): this process imports TensorFlow, the
+trainer never does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 
 from dataservice.quiet import quiet_tensorflow
@@ -37,6 +39,27 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(ids), flush=True)
     return 0
+
+
+def register_in_a_process(dispatcher_address: str, data_dir: str, batch: int) -> dict[str, str]:
+    """Runs this module in a new process (which imports TensorFlow; the caller needs not);
+    returns the dataset ids it registered, {"train": ..., "test": ...}."""
+    registered = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dataservice.demo.register_digits",
+            f"--dispatcher_address={dispatcher_address}",
+            f"--data_dir={data_dir}",
+            f"--batch={batch}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if registered.returncode != 0:
+        raise RuntimeError(f"registering the digits pipelines failed:\n{registered.stderr[-3000:]}")
+    return json.loads(registered.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -318,3 +318,83 @@ def test_jax_batches_are_arrays_sharded_over_an_8_device_mesh(np_cluster):
         assert batch["shard_shapes"] == [[2, 3]] and batch["shard_devices"] == 8
         assert batch["x_matches"]
     assert sorted(y for batch in out for y in batch["y"]) == sorted(list(range(64)) * 2)
+
+
+def test_torch_dataloader_workers_share_one_job_and_read_each_element_once(np_cluster):
+    # Batched on the service's workers: numbers, a 2-vector and strings in each batch.
+    batches = (
+        tf.data.Dataset.range(600)
+        .map(lambda i: {"x": tf.fill([2], tf.cast(i, tf.float32)), "i": i, "name": tf.strings.as_string(i)})
+        .batch(10)
+    )
+    dataset_id = dataservice.register_dataset(np_cluster.target, batches).numpy().decode()
+    out = run_without_tensorflow(
+        f"""
+        import torch
+        from dataservice.frameworks.torch_input import ServiceIterableDataset
+
+        def epoch_of(loader, **labels):
+            seen, kinds, names_ok, pinned = [], set(), True, set()
+            for batch in loader:
+                kinds.add((type(batch["x"]).__name__, str(batch["x"].dtype), batch["x"].shape[1],
+                           str(batch["i"].dtype)))
+                names_ok &= [int(n) for n in batch["name"]] == batch["i"].tolist()
+                names_ok &= bool((batch["x"][:, 1] == batch["i"].to(torch.float32)).all())
+                pinned.add(batch["x"].is_pinned())
+                seen += batch["i"].tolist()
+            emit(**labels, seen=seen, kinds=sorted(map(list, kinds)), names_ok=names_ok, pinned=sorted(pinned))
+
+        accelerator = torch.accelerator.is_available()
+        # Workers made anew each epoch; set_epoch names the job's repetition they read.
+        dataset = ServiceIterableDataset({np_cluster.target!r}, {dataset_id!r}, "distributed_epoch")
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, pin_memory=accelerator)
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            epoch_of(loader, workers="new", epoch=epoch, accelerator=accelerator)
+        # Persistent workers, no set_epoch: each pass reads the next repetition.
+        dataset = ServiceIterableDataset({np_cluster.target!r}, {dataset_id!r}, "distributed_epoch")
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+        for epoch in range(2):
+            epoch_of(loader, workers="persistent", epoch=epoch, accelerator=accelerator)
+        # Without set_epoch, a new copy reads the repetition an earlier epoch read: nothing is left.
+        dataset = ServiceIterableDataset({np_cluster.target!r}, {dataset_id!r}, "distributed_epoch")
+        def count():
+            return sum(len(b["i"]) for b in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1))
+        emit(first=count(), again=count())
+        """,
+        timeout_s=150,
+    )
+    epochs = [line for line in out if "workers" in line]
+    assert [(line["workers"], line["epoch"]) for line in epochs] == [
+        ("new", 0),
+        ("new", 1),
+        ("persistent", 0),
+        ("persistent", 1),
+    ]
+    for line in epochs:
+        assert sorted(line["seen"]) == list(range(600)), "an element was read twice or lost"
+        # (distributed_epoch batches each worker's splits: some batches are short.)
+        assert line["kinds"] == [["Tensor", "torch.float32", 2, "torch.int64"]]
+        assert line["names_ok"]
+        # Pinned where an accelerator can use pinned memory; the CPU has none to pin for.
+        assert line["pinned"] == [line["accelerator"] and line["workers"] == "new"]
+    assert out[-1] == {"first": 600, "again": 0}
+
+
+def test_a_numpy_readers_state_survives_torch_save_and_load(np_cluster, tmp_path):
+    dataset_id = dataservice.register_dataset(np_cluster.target, tf.data.Dataset.range(400)).numpy().decode()
+    out = run_without_tensorflow(
+        f"""
+        import torch
+        reader = NumpyReader({np_cluster.target!r}, {dataset_id!r}, "distributed_epoch", max_outstanding_requests=8)
+        elements = iter(reader)
+        taken = [int(next(elements)) for _ in range(150)]
+        torch.save(reader.state_dict(), {str(tmp_path / "reader.pt")!r})
+        reader.close()
+        # weights_only (torch.load's default): plain values load without trusting pickles.
+        state = torch.load({str(tmp_path / "reader.pt")!r}, weights_only=True)
+        resumed = NumpyReader({np_cluster.target!r}, {dataset_id!r}, "distributed_epoch", state=state)
+        emit(taken=taken, rest=[int(e) for e in resumed])
+        """
+    )
+    assert sorted(out[0]["taken"] + out[0]["rest"]) == list(range(400)), "an element was lost or read twice"
