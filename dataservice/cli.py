@@ -35,7 +35,7 @@ from dataservice import modes
 from dataservice.config import DispatcherConfig, WorkerConfig
 from dataservice.dispatcher import journal_tool
 from dataservice.monitoring import logs, status_tables
-from dataservice.quiet import quiet_tensorflow
+from dataservice.quiet import python_stderr_apart, quiet_tensorflow, quiet_tensorflow_in_background
 from dataservice.rpc import auth, secret_files, tls
 from dataservice.rpc.addresses import parse_service
 from dataservice.status import ServiceError
@@ -378,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         config = build_config(args)
     except ValueError as e:
         parser.error(str(e))
+    if args.role == "dispatcher":
+        # The dispatcher serves before TensorFlow is imported (dispatch_server.py), its own logs
+        # showing meanwhile (quiet.py).
+        python_stderr_apart()
     logs.configure(args.log_level, args.log_format)
     if args.role == "worker":
         allocator.keep_freed_memory()
@@ -390,11 +394,18 @@ def main(argv: list[str] | None = None) -> int:
     # A server runs no JAX, but TensorFlow imports it at start-up wherever it is installed (its
     # lite converter's optional JAX support): half a second of every server's start on 2 cores.
     sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
-    quiet_tensorflow()
-    import tensorflow as tf
+    start_errors: tuple[type[Exception], ...] = (ServiceError, RuntimeError)
+    tensorflow_import: threading.Thread | None = None
+    if args.role == "dispatcher":
+        tensorflow_import = quiet_tensorflow_in_background()
+        from dataservice.dispatcher.dispatch_server import DispatchServer
+    else:
+        quiet_tensorflow()
+        import tensorflow as tf
 
-    from dataservice.dispatcher.dispatch_server import DispatchServer
-    from dataservice.worker.worker_server import WorkerServer
+        from dataservice.worker.worker_server import WorkerServer
+
+        start_errors += (tf.errors.OpError,)
 
     stop, orphaned = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -404,19 +415,22 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         server = DispatchServer(config) if args.role == "dispatcher" else WorkerServer(config)
-    except (tf.errors.OpError, ServiceError, RuntimeError) as e:
+    except start_errors as e:
         print(f"data-server: cannot start the {args.role}: {getattr(e, 'message', e)}", file=sys.stderr)
         return 1
     # What start-up made (TensorFlow's modules, a recovered state) lives as long as the process:
     # frozen, a full garbage collection no longer scans it, which otherwise paused every thread
     # (request handlers included) for a large part of a second while a big snapshot was written.
+    # (The dispatcher's TensorFlow is frozen once its import, on a thread, is done.)
     gc.freeze()
     line = f"dataservice {args.role} listening on port {server.port}"
     if server.monitoring_port is not None:
         line += f", monitoring on port {server.monitoring_port}"
     print(line, flush=True)
     while not stop.wait(0.5):
-        pass
+        if tensorflow_import is not None and not tensorflow_import.is_alive():
+            gc.freeze()
+            tensorflow_import = None
     server.stop()
     logging.getLogger(__name__).info("%s stopped", args.role)
     if orphaned.is_set() and owned_dir:

@@ -12,6 +12,12 @@ from typing import cast
 from dataservice.config import DATA_TRANSFER_PROTOCOLS
 from dataservice.v1 import common_pb2
 
+# The sharding policies' names in the wire enum, by number (for messages).
+POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
+
+# A split group's size when its source repeats for ever (pipeline/splits.py counts them).
+INFINITE_SPLITS = 2**62
+
 
 class ShardingPolicy(enum.IntEnum):
     """How a dataset is divided between workers (as tf.data.experimental.service.ShardingPolicy).

@@ -20,14 +20,13 @@ from dataservice import status
 from dataservice.dispatcher.context import CoreContext
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.state import DatasetId
+from dataservice.modes import POLICY_NAMES
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import element_layout, policy, sharding, splits
 from dataservice.pipeline import graph as graph_lib
 from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
 
 log = logging.getLogger(__name__)
-
-POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 
 
 class DatasetNotifier(Protocol):

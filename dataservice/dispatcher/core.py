@@ -10,7 +10,10 @@ reach workers before their next heartbeat.
 
 The core keeps jobs, iterations, clients and workers; the rest is split along
 its seams, each part given the same context (context.py: state, lock, commit,
-clock): dataset admission (admission.py, the one part that needs TensorFlow),
+clock): dataset admission (admission.py, the one part that needs TensorFlow:
+built on first use, or by load_tensorflow() in the background as the server
+starts, so that the dispatcher serves workers and clients before it has
+imported TensorFlow, seconds sooner),
 split hand-out (split_handout.py), coordinated reads' rounds (rounds.py),
 liveness and garbage collection (liveness.py) and distributed_save
 (snapshots.py).
@@ -24,12 +27,11 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dataservice import modes, read_keys, status
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import resume, status_report
-from dataservice.dispatcher.admission import POLICY_NAMES, DatasetAdmission
 from dataservice.dispatcher.context import DEFAULT_COMPACT_EVERY, Clock, Committer, CoreContext
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
@@ -47,8 +49,12 @@ from dataservice.dispatcher.state import (
     WorkerAddress,
 )
 from dataservice.dispatcher.task_changes import TaskChanges
+from dataservice.modes import POLICY_NAMES
 from dataservice.monitoring.logs import ids
 from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
+
+if TYPE_CHECKING:
+    from dataservice.dispatcher.admission import DatasetAdmission
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +111,9 @@ class DispatcherCore:
         # Clients' and workers' rates, for metrics and the worker recommendation.
         self._load = LoadTracker()
         datasets = datasets or DatasetStore(config.work_dir, config.graph_memory_bytes)
-        self._admission = DatasetAdmission(self._ctx, datasets, self._notifier)
+        self._datasets = datasets
+        self._admission_part: DatasetAdmission | None = None
+        self._admission_lock = threading.Lock()
         self._splits = SplitHandout(self._ctx)
         self._rounds = RoundGrants(self._ctx)
         self._snapshots = SnapshotCoordinator(
@@ -122,6 +130,20 @@ class DispatcherCore:
             forget_iteration=self._rounds.forget,
             forget_job=self._load.forget_job,
         )
+
+    @property
+    def _admission(self) -> DatasetAdmission:
+        with self._admission_lock:
+            if self._admission_part is None:
+                from dataservice.dispatcher.admission import DatasetAdmission  # imports TensorFlow
+
+                self._admission_part = DatasetAdmission(self._ctx, self._datasets, self._notifier)
+            return self._admission_part
+
+    def load_tensorflow(self) -> None:
+        """Imports TensorFlow and builds what needs it (dataset admission), which the first
+        registration would otherwise wait for: the server calls it in the background as it starts."""
+        self._admission  # noqa: B018 (built for its side effect)
 
     def _forget_worker(self, address: WorkerAddress) -> None:
         self._load.forget_worker(address)

@@ -120,6 +120,8 @@ class DispatchServer:
         )
         self._servicer.attach(self._core)
         self._gc_thread.start()
+        # Serving does not wait for TensorFlow (seconds to import): the first registration might.
+        threading.Thread(target=self._load_tensorflow, name="dispatcher-load-tensorflow", daemon=True).start()
         self._health.set_ready(True)
         log.info("dispatcher serving on port %d", self._port)
 
@@ -142,6 +144,15 @@ class DispatchServer:
         if self._journal is not None:
             self._journal.close()
         self._stopped.set()
+
+    def _load_tensorflow(self) -> None:
+        core = self._core
+        if core is None:
+            return
+        try:
+            core.load_tensorflow()
+        except Exception:  # the first request that needs TensorFlow reports it too
+            log.exception("importing TensorFlow failed")
 
     def _gc_loop(self) -> None:
         """Releases silent clients and workers and ends named iterations nobody reads."""

@@ -27,9 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from dataservice import read_keys, status
 from dataservice.dispatcher.state import Job, Task, TaskId
+from dataservice.modes import POLICY_NAMES
 from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
-
-POLICY_NAMES = {v: k for k, v in common_pb2.ShardingPolicy.items()}
 
 
 @dataclasses.dataclass

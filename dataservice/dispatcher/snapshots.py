@@ -13,17 +13,15 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from google.protobuf.message import DecodeError
-from tensorflow.core.protobuf import snapshot_pb2
 
-from dataservice import status
+from dataservice import modes, status
 from dataservice.dispatcher.context import CoreContext
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.state import Snapshot
 from dataservice.monitoring.logs import ids
-from dataservice.pipeline import graph as graph_lib
-from dataservice.pipeline import splits
 from dataservice.snapshot import layout
 from dataservice.v1 import common_pb2, dispatcher_pb2, journal_pb2
 
@@ -170,6 +168,7 @@ class SnapshotCoordinator:
                 "tf.data distributed snapshot requires running tf.data service in the fault tolerant mode: "
                 f"{self._where} journals each save's progress, so it needs fault_tolerant_mode=True and a work_dir"
             )
+        graph_lib, splits, snapshot_pb2 = _tensorflow_parts()
         metadata = snapshot_pb2.DistributedSnapshotMetadata()
         try:
             metadata.ParseFromString(request.metadata)
@@ -196,7 +195,7 @@ class SnapshotCoordinator:
             sizes = splits.group_sizes(splits.find_sources(graph_lib.parse_graph(graph_bytes)))
         except (splits.UnsplittableDatasetError, graph_lib.InvalidDatasetError) as e:
             raise status.invalid_argument(f"distributed_save splits the dataset among the workers: {e}") from None
-        if any(size >= splits.INFINITE_SPLITS for size in sizes):
+        if any(size >= modes.INFINITE_SPLITS for size in sizes):
             raise status.invalid_argument(
                 f"distributed_save needs a finite dataset; a source of dataset {request.dataset_id!r} repeats "
                 "for ever (repeat()), which distributed_save cannot split into chunks"
@@ -315,6 +314,7 @@ class SnapshotCoordinator:
         for snapshot in snapshots:
             try:
                 if not snapshot.finished:
+                    snapshot_pb2 = _tensorflow_parts()[2]
                     dataset = self._state.known_dataset(snapshot.dataset_id)
                     graph_bytes = self._datasets.get(snapshot.dataset_id) or b""
                     metadata = snapshot_pb2.DistributedSnapshotMetadata(
@@ -345,6 +345,18 @@ class SnapshotCoordinator:
             self.assignments.release((snapshot.path, index))
         _quietly(layout.write_error, snapshot.path, code, message)
         log.warning("snapshot %s failed: %s", snapshot.path, message)
+
+
+def _tensorflow_parts() -> tuple[Any, Any, Any]:
+    """(pipeline/graph.py, pipeline/splits.py, TensorFlow's snapshot_pb2): imported when a save
+    starts or is repaired, not with this module, so that the dispatcher serves before it has
+    imported TensorFlow (dispatch_server.py)."""
+    from tensorflow.core.protobuf import snapshot_pb2
+
+    from dataservice.pipeline import graph as graph_lib
+    from dataservice.pipeline import splits
+
+    return graph_lib, splits, snapshot_pb2
 
 
 def _quietly(write: Callable[..., None], *args) -> None:

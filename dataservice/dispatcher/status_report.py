@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from dataservice import modes
 from dataservice.dispatcher.load import HISTORY_BUCKET_S, LoadTracker
 from dataservice.dispatcher.state import DispatcherState, Iteration, Job
-from dataservice.pipeline import splits
 from dataservice.v1 import common_pb2
 
 STATUS_FORMAT = 1
@@ -47,7 +47,7 @@ def _splits(state: DispatcherState, job: Job, iteration: Iteration) -> dict[str,
     None for a pipeline with a source repeated for ever (its splits never end: no progress to show)."""
     if job.sharding_policy != common_pb2.SHARDING_POLICY_DYNAMIC:
         return None
-    if any(size >= splits.INFINITE_SPLITS for size in job.split_group_sizes):
+    if any(size >= modes.INFINITE_SPLITS for size in job.split_group_sizes):
         return None
     handed_out = 0
     for group, size in enumerate(job.split_group_sizes):

@@ -43,13 +43,12 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from dataservice import tf_internal
+from dataservice.modes import INFINITE_SPLITS
 
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 SPLITTABLE_OPS = ("RangeDataset", "TensorSliceDataset", "TensorDataset")
 # Dataset inputs that are not split: they run whole on every worker.
 _LOCAL_INPUTS = {"DirectedInterleaveDataset": frozenset({0})}
-# Split indices of a source repeated for ever (the dispatcher hands them out until the job ends).
-INFINITE_SPLITS = 2**62
 
 
 class UnsplittableDatasetError(ValueError):

@@ -129,3 +129,31 @@ def test_server_processes_exit_when_their_owner_is_killed():
         server.kill()
     assert not alive, f"orphaned server processes: {[s.pid for s in alive]}"
     assert not os.path.exists(work_dir), "the cluster's temporary work_dir was left behind"
+
+
+def test_a_dispatcher_serves_workers_before_it_has_imported_tensorflow():
+    """What a dispatcher does on its own (workers' heartbeats, status) needs no TensorFlow, which
+    takes seconds to import: shown in a process where importing it fails, where registering a
+    dataset (which needs it) is an error that names it and the server serves on."""
+    script = """
+import sys
+sys.modules["tensorflow"] = None  # importing tensorflow (or any of its modules) now fails
+from dataservice.config import DispatcherConfig
+from dataservice.dispatcher.dispatch_server import DispatchServer
+from dataservice.errors import ServiceError
+from dataservice.rpc.dispatcher_client import DispatcherClient
+from dataservice.v1 import common_pb2
+server = DispatchServer(DispatcherConfig(port=0))
+with DispatcherClient(f"localhost:{server.port}", 10) as client:
+    client.worker_heartbeat("localhost:1", "", [], 10)
+    print("workers", len(client.get_status()["workers"]))
+    try:
+        client.register_dataset(b"x", common_pb2.DatasetMetadata())
+    except ServiceError as e:
+        print("register", type(e).__name__, "tensorflow" in str(e).lower())
+    print("workers", len(client.get_status()["workers"]))
+server.stop()
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:3] == ["workers 1", "register InternalError True", "workers 1"], result.stdout

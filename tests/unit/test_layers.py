@@ -1,5 +1,6 @@
-"""The dispatcher's parts that decide (the state machine and the seams of its core) import no
-TensorFlow: only dataset admission and distributed_save need it (dispatcher/core.py's docstring)."""
+"""The dispatcher imports no TensorFlow to start and serve: only dataset admission and starting
+a distributed_save need it, imported when first used or on a thread once the server is up
+(dispatcher/core.py's docstring)."""
 
 import subprocess
 import sys
@@ -16,6 +17,10 @@ PURE_DISPATCHER_MODULES = [
     "dataservice.dispatcher.task_changes",
     "dataservice.dispatcher.load",
     "dataservice.dispatcher.journal",
+    "dataservice.dispatcher.snapshots",
+    "dataservice.dispatcher.status_report",
+    "dataservice.dispatcher.core",
+    "dataservice.dispatcher.dispatch_server",
 ]
 
 
