@@ -186,8 +186,7 @@ def run(args) -> int:
             for worker in c.workers:
                 worker.kill()
             c.workers.clear()
-            for _ in range(2):
-                c.add_worker()
+            c.add_workers(2)
             print(f"workers replaced: now {[w.address for w in c.workers]}", flush=True)
         code = run_trainer(args)
         if code != 0:

@@ -1,6 +1,7 @@
 """Fault tolerance with real processes: dispatchers and workers killed with SIGKILL."""
 
 import collections
+import concurrent.futures
 import socket
 import time
 
@@ -119,8 +120,7 @@ def test_dispatcher_and_workers_restarted_together():
                     worker.kill()
                 cluster.workers.clear()
                 cluster.restart_dispatcher()
-                cluster.add_worker()
-                cluster.add_worker()
+                cluster.add_workers(2)
         # The restarted workers replay the whole dataset (parallel_epochs): every element arrives.
         assert set(got) == set(range(300))
     finally:
@@ -143,9 +143,14 @@ def test_worker_restarted_at_its_address_mid_distributed_epoch(capsys):
         # A small memory budget for the other worker and few elements outstanding at the client
         # keep production from running ahead while the read is held below: the epoch cannot end
         # before the restarted process (slow to start on a loaded machine) has registered.
-        other = ServerProcess("--role=worker", "--port=0", "--memory_budget_bytes=4096", *worker_args)
         fixed = ("--role=worker", f"--port={port}", f"--worker_address=localhost:{port}", *worker_args)
-        pinned = ServerProcess(*fixed)
+        # Started side by side: most of a start is importing TensorFlow.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            starting_other = pool.submit(
+                ServerProcess, "--role=worker", "--port=0", "--memory_budget_bytes=4096", *worker_args
+            )
+            starting_pinned = pool.submit(ServerProcess, *fixed)
+        other, pinned = starting_other.result(), starting_pinned.result()
         wait_for_workers(cluster.address, 2)
         n = 2000
         ds = _slow_range(n, sleep_us=3000).apply(

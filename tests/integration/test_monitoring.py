@@ -179,8 +179,7 @@ def test_recommendation_when_a_slow_pipeline_starves_a_client_and_with_more_work
         gauge = total(scrape(cluster.dispatcher.monitoring_port), "dataservice_job_recommended_workers")
         assert abs(gauge - starved["recommended_workers"]) <= 2, (gauge, starved)
 
-        for _ in range(10):
-            cluster.add_worker(heartbeat_interval_ms=500)
+        cluster.add_workers(10, heartbeat_interval_ms=500)
         fed_pace = _read_for(iterator, 16, 0.004)  # the window (10 s) forgets the starved seconds
         fed = _job_status(client)
         print(f"starved: {starved} at {starved_pace}/s\nfed: {fed} at {fed_pace}/s")
