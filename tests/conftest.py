@@ -48,6 +48,29 @@ def pytest_addoption(parser):
     parser.addoption(
         "--soak-seconds", type=float, default=30.0, help="how long the soak test's clients run jobs (CI: 30)"
     )
+    parser.addoption(
+        "--tensorflow-graph-conformance",
+        action="store_true",
+        help="also run the conformance scenarios on TensorFlow's own service in graph mode (CI: not)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """The conformance scenarios (test_conformance.py) run on our service in eager and graph mode
+    and on TensorFlow's in eager mode; TensorFlow's graph-mode runs, its reference results for
+    graph mode (about 90 s more), only with --tensorflow-graph-conformance. Deselected, so the
+    summary counts them."""
+    if config.getoption("--tensorflow-graph-conformance"):
+        return
+    dropped = [
+        item
+        for item in items
+        if getattr(item, "callspec", None) is not None and item.callspec.params.get("run") == ("tensorflow", "graph")
+    ]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        drop = set(dropped)
+        items[:] = [item for item in items if item not in drop]
 
 
 @pytest.fixture(autouse=True)
