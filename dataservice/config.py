@@ -9,9 +9,21 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
+from typing import TypeVar
 
 from dataservice.rpc import auth, tls
 from dataservice.rpc.addresses import strip_protocol
+
+_Value = TypeVar("_Value")
+
+
+def resolved(value: _Value | None) -> _Value:
+    """A config field that __post_init__ resolved: None there means the default, which it puts in
+    the field's place, so a server reads a value (typed as one) rather than checking for None."""
+    if value is None:
+        raise ValueError("a config field was read before the config resolved it (made without __post_init__?)")
+    return value
+
 
 DEFAULT_JOB_GC_CHECK_INTERVAL_MS = 60_000
 DEFAULT_JOB_GC_TIMEOUT_MS = 300_000

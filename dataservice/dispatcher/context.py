@@ -28,6 +28,11 @@ Clock = Callable[[], float]
 DEFAULT_COMPACT_EVERY = 10_000
 
 
+def dispatcher_at(address: str) -> str:
+    """The dispatcher at `address`, as its error messages and logs name it."""
+    return f"the dispatcher at {address}"
+
+
 class Committer:
     """Journals, then applies, one Update: the only way the dispatcher's state changes.
     Every `compact_every` updates it starts a compaction of the journal (a snapshot of the
@@ -113,7 +118,7 @@ class CoreContext:
     @property
     def where(self) -> str:
         """The dispatcher, as error messages name it."""
-        return f"the dispatcher at {self.address}"
+        return dispatcher_at(self.address)
 
     def dataset(self, dataset_id: str) -> Dataset:
         """The registered dataset `dataset_id`; INVALID_ARGUMENT for an empty id, NOT_FOUND for

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from dataservice import modes, read_keys, status
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import resume, status_report
-from dataservice.dispatcher.context import DEFAULT_COMPACT_EVERY, Clock, Committer, CoreContext
+from dataservice.dispatcher.context import DEFAULT_COMPACT_EVERY, Clock, Committer, CoreContext, dispatcher_at
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
 from dataservice.dispatcher.liveness import Liveness
@@ -103,10 +103,8 @@ class DispatcherCore:
         self._lock = threading.RLock()
         # Which tasks changed when: client heartbeats answer with the changes only.
         self._task_changes = TaskChanges()
-        where = f"the dispatcher at {address}"
-        self._committer = Committer(self._state, journal, self._task_changes, where, compact_every)
+        self._committer = Committer(self._state, journal, self._task_changes, dispatcher_at(address), compact_every)
         self._ctx = CoreContext(config, address, self._state, self._lock, self._committer, clock)
-        self._commit = self._committer
         self._started = clock()
         # Clients' and workers' rates, for metrics and the worker recommendation.
         self._load = LoadTracker()
@@ -256,7 +254,7 @@ class DispatcherCore:
     def _create_job(self, request: dispatcher_pb2.GetOrCreateJobRequest, split_group_sizes: Sequence[int]) -> int:
         """Journals the job `request` asks for. Call with self._lock held."""
         job_id = self._state.next_id("job")
-        self._commit(
+        self._committer(
             create_job=journal_pb2.CreateJobUpdate(
                 job_id=job_id,
                 dataset_id=request.dataset_id,
@@ -300,7 +298,7 @@ class DispatcherCore:
             iteration_id = job.iterations.get(request.repetition)
             if iteration_id is None:
                 iteration_id = self._state.next_id("iteration")
-                self._commit(
+                self._committer(
                     create_iteration=journal_pb2.CreateIterationUpdate(
                         iteration_id=iteration_id,
                         job_id=job.job_id,
@@ -327,7 +325,7 @@ class DispatcherCore:
     def _acquire_client(self, iteration_id: IterationId) -> ClientId:
         """Journals a new client of the iteration, heard from now. Call with self._lock held."""
         client_id = ClientId(self._state.next_id("client"))
-        self._commit(
+        self._committer(
             acquire_iteration_client=journal_pb2.AcquireIterationClientUpdate(
                 iteration_client_id=client_id, iteration_id=iteration_id
             )
@@ -396,7 +394,7 @@ class DispatcherCore:
             anonymous.job_name = ""
             job_id = self._create_job(anonymous, saved_job.split_group_sizes)
             iteration_id = IterationId(self._state.next_id("iteration"))
-            self._commit(
+            self._committer(
                 create_iteration=journal_pb2.CreateIterationUpdate(
                     iteration_id=iteration_id,
                     job_id=job_id,
@@ -438,7 +436,7 @@ class DispatcherCore:
         # Coordinated reads: no client may have read this round yet, so every
         # client adds the task to its rotation at the same round.
         coordinated = self._state.job_of(iteration).num_consumers > 0
-        self._commit(
+        self._committer(
             create_task=journal_pb2.CreateTaskUpdate(
                 task_id=task_id,
                 iteration_id=iteration_id,
@@ -534,7 +532,7 @@ class DispatcherCore:
                 f"consumed task {task_id} is not a task of iteration {iteration.iteration_id}"
             )
         if not task.finished and self._clients_finish_tasks(self._state.job_of(iteration)):
-            self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task.task_id))
+            self._committer(finish_task=journal_pb2.FinishTaskUpdate(task_id=task.task_id))
             self._log_task_finished(task)
 
     def _log_task_finished(self, task: Task) -> None:
@@ -602,7 +600,7 @@ class DispatcherCore:
             if known is None or not known.alive or (uid and not known.uid) or known.tags != tags:
                 # New, back after it was lost, learning its uid (journaled before uids were), or
                 # restarted with other tags.
-                self._commit(
+                self._committer(
                     register_worker=journal_pb2.RegisterWorkerUpdate(
                         worker_address=address,
                         transfer_address=request.transfer_address or address,
@@ -669,7 +667,7 @@ class DispatcherCore:
                     self._state.job_of(self._state.known_iteration(task.iteration_id))
                 )
                 if not task.finished and not clients_finish:
-                    self._commit(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
+                    self._committer(finish_task=journal_pb2.FinishTaskUpdate(task_id=task_id))
                     self._log_task_finished(task)
         return dispatcher_pb2.WorkerUpdateResponse()
 

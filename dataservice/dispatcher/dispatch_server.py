@@ -9,6 +9,7 @@ from typing import Any
 
 from dataservice.config import DispatcherConfig
 from dataservice.dispatcher import journal, status_report
+from dataservice.dispatcher.context import dispatcher_at
 from dataservice.dispatcher.core import DispatcherCore
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.grpc_servicer import DispatcherServicer
@@ -52,7 +53,7 @@ class DispatchServer:
                 "this dispatcher requires a token but has no snapshot_roots: any client with the token may have "
                 "distributed_save write under any path the servers can write; set snapshot_roots"
             )
-        interceptors.extend(security.interceptors(lambda: f"the dispatcher at {self._address}"))
+        interceptors.extend(security.interceptors(lambda: dispatcher_at(self._address)))
         self._server = servers.new_server(
             max_workers=32,
             max_receive_bytes=min(
@@ -61,7 +62,7 @@ class DispatchServer:
             interceptors=interceptors,
         )
         self._port = servers.bind(self._server, self._config.port, security.credentials())
-        self._servicer = DispatcherServicer(address=f"the dispatcher at {self._address}")
+        self._servicer = DispatcherServicer(address=dispatcher_at(self._address))
         dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server(self._servicer, self._server)
         self._health = HealthReporter(self._server, [SERVICE_NAME])
         self._notifier = GrpcWorkerNotifier(auth_token=security.server_token, tls=security.as_client())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from dataservice.config import NEVER, DispatcherConfig
+from dataservice.config import NEVER, resolved
 from dataservice.dispatcher.context import CoreContext
 from dataservice.dispatcher.state import ClientId, IterationId, TaskId, WorkerAddress
 from dataservice.monitoring.logs import ids
@@ -53,9 +53,9 @@ class Liveness:
         config = self._ctx.config
         return (
             min(
-                _ms(config, "job_gc_check_interval_ms"),
-                _ms(config, "client_timeout_ms"),
-                _ms(config, "worker_timeout_ms"),
+                resolved(config.job_gc_check_interval_ms),
+                resolved(config.client_timeout_ms),
+                resolved(config.worker_timeout_ms),
             )
             / 4000
         )
@@ -120,14 +120,14 @@ class Liveness:
         with ctx.lock:
             now = ctx.clock()
             for address, seen in list(self.worker_seen.items()):
-                if now - seen > _ms(config, "worker_timeout_ms") / 1000:
+                if now - seen > resolved(config.worker_timeout_ms) / 1000:
                     lost = ctx.state.lost_tasks_of(address)
                     log.warning(
                         "worker missing for %.1f s: removed, tasks %s lost", now - seen, lost, extra=ids(worker=address)
                     )
                     self.remove_worker(address, lost)
             for client_id, seen in list(self.client_seen.items()):
-                timed_out = now - seen > _ms(config, "client_timeout_ms") / 1000
+                timed_out = now - seen > resolved(config.client_timeout_ms) / 1000
                 if timed_out and ctx.state.iteration_of_client(client_id) is not None:
                     log.info("client silent for %.1f s: released", now - seen, extra=ids(client_id=client_id))
                     self.release_client(client_id)
@@ -136,7 +136,8 @@ class Liveness:
                 if iteration.client_ids or iteration.finished:
                     del self._idle_since[iteration_id]
                 elif (
-                    _ms(config, "job_gc_timeout_ms") != NEVER and now - since > _ms(config, "job_gc_timeout_ms") / 1000
+                    resolved(config.job_gc_timeout_ms) != NEVER
+                    and now - since > resolved(config.job_gc_timeout_ms) / 1000
                 ):
                     log.info(
                         "iteration without clients for %.1f s: ended",
@@ -152,7 +153,7 @@ class Liveness:
         the last iteration of a job the job (its name is free again, its rates forgotten).
         Call with the lock held."""
         ctx = self._ctx
-        retention_ms = _ms(ctx.config, "iteration_retention_ms")
+        retention_ms = resolved(ctx.config.iteration_retention_ms)
         if retention_ms == NEVER:
             return
         retired = {iteration.iteration_id for iteration in ctx.state.retired_iterations()}
@@ -177,11 +178,3 @@ class Liveness:
                 " (and its job)" if job_dropped else "",
                 extra=ids(job_id=job_id, iteration_id=iteration_id),
             )
-
-
-def _ms(config: DispatcherConfig, name: str) -> int:
-    """A timeout of the config, in ms: DispatcherConfig resolves each to a number when it is made."""
-    value = getattr(config, name)
-    if not isinstance(value, int):
-        raise TypeError(f"DispatcherConfig.{name} was not resolved: {value!r}")
-    return value

@@ -169,6 +169,7 @@ class ChunkIterator:
             self._peeked = None
             if error is not None:
                 raise error
+            assert chunk is not None  # (a peek holds a chunk or the error instead)
             return chunk
         return self._compute_next()
 

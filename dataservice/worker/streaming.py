@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 from google.protobuf.message import Message
 
@@ -20,6 +20,7 @@ from dataservice import status
 from dataservice.config import default_memory_budget_bytes
 from dataservice.rpc import peers
 from dataservice.transfer import compression, local, tcp, wire
+from dataservice.transfer.element_codec import ElementCodec
 from dataservice.v1 import common_pb2, worker_pb2
 from dataservice.worker.delivery import Deliveries, Delivery, SentMessage
 from dataservice.worker.memory_budget import MemoryBudget
@@ -70,7 +71,7 @@ class TransferStats:
         with self._lock:
             self._open[protocol] = self._open.get(protocol, 0) + delta
 
-    def sent(self, protocol: str, elements: int, buffers: list[wire.Buffer]) -> None:
+    def sent(self, protocol: str, elements: int, buffers: Sequence[wire.BufferEntry]) -> None:
         nbytes = sum(wire.nbytes(b) for b in buffers)
         with self._lock:
             totals = self._sent.setdefault(protocol, [0, 0])
@@ -284,7 +285,7 @@ class _Sender:
             message = pipeline_error(task_id, self._worker.worker_address, e)
             raise status.error(status.code_of(e), message) from None
         if chunks:
-            self._delivery.record(chunks, runner.codec)
+            self._delivery.record(chunks, _codec_of(runner))
             self._acknowledgement_asked = False
         if done:
             self._delivery.end()
@@ -341,9 +342,17 @@ def get_element(worker: StreamContext, request: worker_pb2.GetElementRequest) ->
         if runner.stopped:
             raise status.error(status.Code.CANCELLED, stopped_message(request.task_id))
         return worker_pb2.GetElementResponse(not_ready=True), []
-    chunk, buffers = runner.codec.encode([element], compression.StreamCompressor(request.compression))
+    chunk, buffers = _codec_of(runner).encode([element], compression.StreamCompressor(request.compression))
     worker.transfer.sent("grpc", 1, buffers)
     return worker_pb2.GetElementResponse(chunk=chunk), buffers
+
+
+def _codec_of(runner: TaskRunner) -> ElementCodec:
+    """The codec of a task that produced elements: only a task whose dataset the worker refused
+    has none, and it fails with the reason before producing any (worker_server.start_task)."""
+    if runner.codec is None:
+        raise status.error(status.Code.INTERNAL, f"task {runner.task_id} produced elements without a codec")
+    return runner.codec
 
 
 class _Credits:

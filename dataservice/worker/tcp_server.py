@@ -24,6 +24,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterator
+from typing import cast
 
 from dataservice import status
 from dataservice.rpc import auth, peers
@@ -217,11 +218,13 @@ class TcpTransferServer:
     def _handshake(self, raw: socket.socket) -> socket.socket | None:
         """The TLS connection over `raw`, or None if the client's handshake failed (logged) or
         took longer than HANDSHAKE_TIMEOUT_S."""
+        assert self._ssl is not None  # (called for a TLS server only)
         raw.settimeout(HANDSHAKE_TIMEOUT_S)
         with self._lock:
             self._connections.discard(raw)
         try:
-            conn = tcp.TlsStream(self._ssl.wrap_socket(raw, server_side=True))
+            # A TlsStream has the socket methods a stream uses: streams take it as a socket.
+            conn = cast(socket.socket, tcp.TlsStream(self._ssl.wrap_socket(raw, server_side=True)))
         except (ssl.SSLError, OSError) as e:
             log.info("a data transfer client failed the TLS handshake: %s", e)
             return None
@@ -264,26 +267,28 @@ class _MessageSender:
             yield request
 
     def send(self, header: worker_pb2.StreamElementsResponse, buffers) -> None:
-        if self._wants_ring and buffers:
+        budget = self._budget
+        if self._wants_ring and budget is not None and buffers:
             body, size = wire.stream_body(buffers)
-            ring = self._ring or self._make_ring()
-            offset = ring.allocate(size) if ring is not None else None
+            ring = self._ring or self._make_ring(budget)
             if ring is not None:
-                self._budget.count(in_ring=offset is not None)
-            if offset is not None:
-                ring.write(offset, body)
-                header.region_offset, header.region_size = offset, size
-                if not self._ring_sent:
-                    header.ring_bytes = ring.size
-                    shared_memory.send_fd(self._conn, b"".join(wire.stream_message(header)), ring.fd)
-                    self._ring_sent = True
-                else:
-                    tcp.send_parts(self._conn, wire.stream_message(header))
-                return
+                offset = ring.allocate(size)
+                budget.count(in_ring=offset is not None)
+                if offset is not None:
+                    ring.write(offset, body)
+                    header.region_offset, header.region_size = offset, size
+                    if not self._ring_sent:
+                        header.ring_bytes = ring.size
+                        head = b"".join(bytes(part) for part in wire.stream_message(header))
+                        shared_memory.send_fd(self._conn, head, ring.fd)
+                        self._ring_sent = True
+                    else:
+                        tcp.send_parts(self._conn, wire.stream_message(header))
+                    return
         tcp.send_parts(self._conn, wire.stream_message(header, buffers))
 
-    def _make_ring(self) -> shared_memory.Ring | None:
-        size = self._budget.take(self._ring_bytes)
+    def _make_ring(self, budget: shared_memory.RingBudget) -> shared_memory.Ring | None:
+        size = budget.take(self._ring_bytes)
         if not size:
             self._wants_ring = False  # this stream goes without
             return None
@@ -291,7 +296,7 @@ class _MessageSender:
             self._ring = shared_memory.Ring(size, _RING_SLOT_BYTES)
         except OSError as e:
             log.info("no ring of shared memory for a stream: %s", e)
-            self._budget.give_back(size)
+            budget.give_back(size)
             self._wants_ring = False
             return None
         self._ring_taken = size
@@ -300,7 +305,8 @@ class _MessageSender:
     def close(self) -> None:
         if self._ring is not None:
             self._ring.close()
-            self._budget.give_back(self._ring_taken)
+            if self._budget is not None:
+                self._budget.give_back(self._ring_taken)
             self._ring = None
 
 

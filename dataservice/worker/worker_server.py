@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from dataservice import status
-from dataservice.config import WorkerConfig
+from dataservice.config import WorkerConfig, resolved
 from dataservice.monitoring import metrics
 from dataservice.monitoring.health import HealthReporter
 from dataservice.monitoring.http_server import MonitoringServer
@@ -80,11 +80,11 @@ class WorkerServer:
             max_workers=64, max_receive_bytes=servers.WORKER_MAX_RECEIVE_BYTES, interceptors=interceptors
         )
         self._port = servers.bind(self._server, config.port, security.credentials())
-        self.address = config.worker_address.replace("%port%", str(self._port))
+        self.address = resolved(config.worker_address).replace("%port%", str(self._port))
         self._heartbeat_now = threading.Event()
         # This process's id for the dispatcher: a worker restarted at the same address is a new one.
         self._uid = random.getrandbits(63) | 1
-        self._budget = MemoryBudget(config.memory_budget_bytes)
+        self._budget = MemoryBudget(resolved(config.memory_budget_bytes))
         self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set, budget=self._budget)
         self._production = ProductionTotals()
         self._streams = streams = streaming.StreamContext(
@@ -108,7 +108,7 @@ class WorkerServer:
                 server=f"worker {self.address}",
                 ssl_context=security.ssl_context(),
             )
-            addresses = [tcp.SCHEME + config.data_transfer_address.replace("%dts_port%", str(self._tcp.port))]
+            addresses = [tcp.SCHEME + resolved(config.data_transfer_address).replace("%dts_port%", str(self._tcp.port))]
             if hasattr(socket, "AF_UNIX"):
                 # Clients on this host: a Unix socket, with rings of shared memory (transfer/tcp.py).
                 name = tcp.unix_socket_name(self._uid)
@@ -124,7 +124,7 @@ class WorkerServer:
             self.transfer_address = ",".join(addresses)
         self._dispatcher = DispatcherClient(
             config.dispatcher_address,
-            config.dispatcher_timeout_ms / 1000,
+            resolved(config.dispatcher_timeout_ms) / 1000,
             auth_token=security.server_token,
             tls=security.as_client(),
         )
@@ -149,7 +149,7 @@ class WorkerServer:
                 transfer.start()
         if self._registry is not None:
             self._monitoring = MonitoringServer(
-                self._config.monitoring_port,
+                resolved(self._config.monitoring_port),
                 self._registry,
                 role="worker",
                 health=self._health,
@@ -158,7 +158,7 @@ class WorkerServer:
             log.info("worker /metrics on port %d", self._monitoring.port, extra=ids(worker=self.address))
         # Clients in this process read through memory (transfer/local.py).
         local.register(self.address, functools.partial(streaming.stream_task, self._streams, protocol=local.PROTOCOL))
-        self._heartbeat(timeout_s=self._config.dispatcher_timeout_ms / 1000)
+        self._heartbeat(timeout_s=resolved(self._config.dispatcher_timeout_ms) / 1000)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True)
         self._heartbeat_thread.start()
         self._health.set_ready(True)
@@ -209,7 +209,7 @@ class WorkerServer:
     # ---- talking to the dispatcher ----------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        interval_s = self._config.heartbeat_interval_ms / 1000
+        interval_s = resolved(self._config.heartbeat_interval_ms) / 1000
         while not self._stopped.is_set():
             self._heartbeat_now.wait(interval_s)
             self._heartbeat_now.clear()
@@ -247,7 +247,7 @@ class WorkerServer:
                 for runner in self._tasks.runners()
             ],
             snapshot_chunks=self._snapshot_writers.current(),
-            worker_tags=self._config.worker_tags,
+            worker_tags=resolved(self._config.worker_tags),
         )
         for task in response.new_tasks:
             self.start_task(task)
@@ -318,7 +318,7 @@ class WorkerServer:
                     codec,
                     dataset_id=task.dataset_id,
                     totals=self._production,
-                    cache_bytes=self._config.cross_trainer_cache_size_bytes,
+                    cache_bytes=resolved(self._config.cross_trainer_cache_size_bytes),
                     produce_now=False,
                 )
             else:
