@@ -394,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     # A server runs no JAX, but TensorFlow imports it at start-up wherever it is installed (its
     # lite converter's optional JAX support): half a second of every server's start on 2 cores.
     sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
+    # Nor Keras, which TensorFlow imports eagerly (for its optimizers' SavedModel registrations;
+    # with it scikit-learn, matplotlib and SciPy where they are installed): almost half of a
+    # server's start. Pipelines run as graphs of TensorFlow ops, with no Keras code.
+    sys.modules.setdefault("keras", None)  # type: ignore[arg-type]
     start_errors: tuple[type[Exception], ...] = (ServiceError, RuntimeError)
     tensorflow_import: threading.Thread | None = None
     if args.role == "dispatcher":

@@ -201,8 +201,10 @@ def other_host():
         _ip("-n", namespace, "link", "set", "lo", "up")
         yield namespace, here, there
     finally:
-        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+        # The veth pair first, while its far end's namespace lives: deleted after the namespace,
+        # it can wait for the kernel's (asynchronous) cleanup of that namespace.
         subprocess.run(["ip", "link", "del", here_link], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
 
 
 def test_a_worker_on_another_host_is_read_over_tcp(other_host):
