@@ -127,14 +127,7 @@ class NumpyReader:
             target_workers,
             dispatcher_timeout_ms,
         )
-        if isinstance(dataset_id, bytes):
-            dataset_id = dataset_id.decode()
-        if isinstance(dataset_id, int) and not isinstance(dataset_id, bool):
-            dataset_id = str(dataset_id)
-        if dataset_id is None and job_name is None:
-            raise ValueError("NumpyReader needs a dataset_id, or the job_name of a job that reads one")
-        if dataset_id is not None and (not isinstance(dataset_id, str) or not dataset_id):
-            raise ValueError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+        dataset_id = dataset_id_argument(dataset_id, job_name, "NumpyReader")
         if not isinstance(repetition, int) or isinstance(repetition, bool) or repetition < 0:
             raise ValueError(f"repetition must be a non-negative integer, got {repetition!r}")
         with DispatcherClient(
@@ -317,6 +310,20 @@ class NumpyReader:
             self._next_repetition = repetition
             # Nothing read yet (saved before the first element): the repetition starts anew.
             self._resume_from = positions or None
+
+
+def dataset_id_argument(dataset_id: str | bytes | int | None, job_name: str | None, reader: str) -> str | None:
+    """The dataset id as a string (register_dataset() returns bytes; ids are numbers), or None
+    where `job_name` names the job to read; ValueError for a missing or empty one."""
+    if isinstance(dataset_id, bytes):
+        dataset_id = dataset_id.decode()
+    if isinstance(dataset_id, int) and not isinstance(dataset_id, bool):
+        dataset_id = str(dataset_id)
+    if dataset_id is None and job_name is None:
+        raise ValueError(f"{reader} needs a dataset_id, or the job_name of a job that reads one")
+    if dataset_id is not None and (not isinstance(dataset_id, str) or not dataset_id):
+        raise ValueError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+    return dataset_id
 
 
 def _close_pass(holder: list) -> None:

@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, eps=1e-7)
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    if accelerator is not None:
-        model.to(accelerator)
+    device = accelerator or torch.device("cpu")
+    model.to(device)
     with LocalCluster(num_workers=args.workers) as cluster:
         ids = register_in_a_process(cluster.target, tempfile.mkdtemp(prefix="dataservice-digits-"), args.batch)
         train = ServiceIterableDataset(cluster.target, ids["train"], "distributed_epoch")
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             model.train()
             loss_sum, correct, examples = 0.0, 0, 0
             for x, y in train_loader:
-                x, y = x.to(model[0].weight.device, non_blocking=True), y.to(model[0].weight.device, non_blocking=True)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 logits = model(x)
                 loss = torch.nn.functional.cross_entropy(logits, y)
                 optimizer.zero_grad()
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             test_correct, test_examples = 0, 0
             with torch.no_grad():
                 for x, y in test_loader:
-                    logits = model(x.to(model[0].weight.device))
+                    logits = model(x.to(device))
                     test_correct += int((logits.argmax(1).cpu() == y).sum())
                     test_examples += len(y)
             test_acc = test_correct / test_examples

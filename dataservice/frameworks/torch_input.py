@@ -42,7 +42,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dataservice.client.numpy_elements import RaggedComponents, SparseComponents
 from dataservice.client.read_options import ReadOptions
-from dataservice.reader import NumpyReader
+from dataservice.reader import NumpyReader, dataset_id_argument
 
 
 def to_torch(element: Any) -> Any:
@@ -94,8 +94,7 @@ class ServiceIterableDataset(IterableDataset):
         for owned in ("state", "repetition"):
             if owned in reader_options:
                 raise ValueError(f"{owned}: each pass's repetition comes from set_epoch()")
-        if dataset_id is None and job_name is None:
-            raise ValueError("ServiceIterableDataset needs a dataset_id, or the job_name of a job that reads one")
+        dataset_id = dataset_id_argument(dataset_id, job_name, "ServiceIterableDataset")
         options = {
             name: reader_options.pop(name, None)
             for name in (
