@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from dataservice import modes, read_keys, status
 from dataservice.config import DispatcherConfig
-from dataservice.dispatcher import resume, status_report
+from dataservice.dispatcher import resume, status_report, worker_index
 from dataservice.dispatcher.context import DEFAULT_COMPACT_EVERY, Clock, Committer, CoreContext, dispatcher_at
 from dataservice.dispatcher.dataset_store import DatasetStore
 from dataservice.dispatcher.journal import JournalWriter
@@ -580,12 +580,9 @@ class DispatcherCore:
         if not address:
             raise status.invalid_argument("worker_address must not be empty")
         allowed = self._config.worker_addresses
-        if allowed and address not in allowed:
-            raise status.failed_precondition(
-                f"worker {address} is not in the dispatcher's worker_addresses {list(allowed)}: start it with "
-                "one of those addresses (--worker_address) or restart the dispatcher with a list naming it"
-            )
         with self._lock:
+            if allowed and address not in worker_index.resolve(allowed, [*self._state.worker_addresses(), address]):
+                raise status.failed_precondition(worker_index.refusal(allowed, address))
             known = self._state.worker(address)
             uid = request.worker_uid
             if known is not None and known.alive and uid and known.uid and known.uid != uid:

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeAlias
 
+from dataservice.dispatcher import worker_index
 from dataservice.v1 import common_pb2, journal_pb2
 
 # Ids as the journal spells them. Aliases, not distinct types: every id comes from and goes to a
@@ -527,6 +528,10 @@ class DispatcherState:
     def worker(self, address: str) -> Worker | None:
         return self._workers.get(WorkerAddress(address))
 
+    def worker_addresses(self) -> list[WorkerAddress]:
+        """Every worker ever registered, alive or not, in registration order."""
+        return list(self._workers)
+
     def workers(self) -> list[Worker]:
         """Every worker ever registered, alive or not, in registration order."""
         return list(self._workers.values())
@@ -616,7 +621,9 @@ class DispatcherState:
         """The task as a worker needs it; `worker_addresses` (static sharding) gives its shard index."""
         iteration = self._iterations[task.iteration_id]
         job = self._jobs[iteration.job_id]
-        static = task.worker_address in worker_addresses
+        indices = worker_index.resolve(worker_addresses, self._workers) if worker_addresses else {}
+        index = indices.get(task.worker_address)
+        static = index is not None
         return common_pb2.TaskDef(
             task_id=task.task_id,
             iteration_id=task.iteration_id,
@@ -624,7 +631,7 @@ class DispatcherState:
             dataset_id=job.dataset_id,
             processing_mode=common_pb2.ProcessingModeDef(sharding_policy=job.sharding_policy),
             worker_address=task.worker_address,
-            worker_index=worker_addresses.index(task.worker_address) if static else 0,
+            worker_index=index if index is not None else 0,
             num_workers=len(worker_addresses) if static else 0,
             num_consumers=job.num_consumers,
             starting_round=task.starting_round,
