@@ -36,6 +36,25 @@ class ShardingPolicy(enum.IntEnum):
     HINT = 5
 
 
+# Static sharding: each listed worker keeps its own shard, which only a client on its host reads.
+STATIC_POLICIES = frozenset(
+    {
+        common_pb2.SHARDING_POLICY_FILE,
+        common_pb2.SHARDING_POLICY_DATA,
+        common_pb2.SHARDING_POLICY_FILE_OR_DATA,
+        common_pb2.SHARDING_POLICY_HINT,
+    }
+)
+
+
+def reading_target(sharding_policy: int, target_workers: common_pb2.TargetWorkers) -> common_pb2.TargetWorkers:
+    """The workers a client reads from: as asked, except that AUTO under static sharding reads the
+    local workers only (TensorFlow's client does the same)."""
+    if sharding_policy in STATIC_POLICIES and target_workers == common_pb2.TARGET_WORKERS_AUTO:
+        return common_pb2.TARGET_WORKERS_LOCAL
+    return target_workers
+
+
 _MODE_NAMES = {"parallel_epochs": ShardingPolicy.OFF, "distributed_epoch": ShardingPolicy.DYNAMIC}
 
 

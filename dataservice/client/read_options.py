@@ -120,6 +120,12 @@ class ReadOptions:
             if problem:
                 raise status.InvalidArgumentError(problem)
         self.target_workers = modes.parse_target_workers(target_workers)
+        if self.target_workers == common_pb2.TARGET_WORKERS_ANY and self.sharding_policy in modes.STATIC_POLICIES:
+            raise status.InvalidArgumentError(
+                f"Static sharding policy <{modes.POLICY_NAMES[self.sharding_policy].removeprefix('SHARDING_POLICY_')}> "
+                'requires reading from local workers, but `target_workers` is "ANY": each worker keeps its own '
+                'shard for the clients on its host; read with target_workers="LOCAL" or "AUTO"'
+            )
         if self.target_workers == common_pb2.TARGET_WORKERS_LOCAL and num_consumers is not None:
             raise status.InvalidArgumentError(
                 'Coordinated reads require non-local workers, but `target_workers` is "LOCAL".'

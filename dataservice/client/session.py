@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from dataservice import status
+from dataservice import modes, status
 from dataservice.rpc.dispatcher_client import DispatcherClient, ReadingTotals, TaskPosition
 from dataservice.rpc.tls import TlsFiles
 from dataservice.transfer import local
@@ -114,7 +114,8 @@ class IterationSession:
         iteration continues from (ResumeIteration), instead of joining repetition `repetition`."""
         self._address = dispatcher_address
         self.timeout_s = timeout_s
-        self._target_workers = job.target_workers
+        self._target_workers = modes.reading_target(job.sharding_policy, job.target_workers)
+        self._static = job.sharding_policy in modes.STATIC_POLICIES
         # Set once target_workers has left some of the iteration's tasks to other clients.
         self.reads_some_tasks = False
         self._on_heartbeat = on_heartbeat
@@ -201,10 +202,16 @@ class IterationSession:
             # iteration is.
             self.reads_some_tasks = True
             if not chosen and self._target_workers == common_pb2.TARGET_WORKERS_LOCAL:
-                raise status.FailedPreconditionError(
-                    "target_workers='LOCAL', but none of the iteration's workers runs on this host "
-                    f"({', '.join(sorted(t.worker_address for t in known))}): start a worker here, "
-                    "or read with target_workers='ANY'"
+                # InvalidArgument, as TensorFlow's client says it.
+                workers = ", ".join(sorted(t.worker_address for t in known))
+                if self._static:
+                    raise status.InvalidArgumentError(
+                        "static sharding reads the workers on this host (each keeps its own shard), but none of "
+                        f"the iteration's workers runs on this host ({workers}): start a worker here"
+                    )
+                raise status.InvalidArgumentError(
+                    f"target_workers='LOCAL', but none of the iteration's workers runs on this host ({workers}): "
+                    "start a worker here, or read with target_workers='ANY'"
                 )
             changed = tasks_to_read(response.tasks, self._target_workers)
             del response.tasks[:]

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 # A restored iterator's tasks go to workers heard from within this many seconds, where there are any.
 RESUME_RECENT_S = 3.0
-_TARGET_NAMES = {v: k for k, v in common_pb2.TargetWorkers.items()}
+_TARGET_NAMES = {v: k.removeprefix("TARGET_WORKERS_") for k, v in common_pb2.TargetWorkers.items()}
 
 
 class WorkerNotifier(Protocol):

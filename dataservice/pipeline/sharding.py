@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dataservice import tf_internal
+from dataservice import modes, tf_internal
 from dataservice.v1 import common_pb2
 
 # ShardingPolicy -> tf.data AutoShardPolicy value.
@@ -14,7 +14,8 @@ _AUTO_SHARD_POLICY = {
     common_pb2.SHARDING_POLICY_FILE_OR_DATA: 0,  # AUTO: by file where it can, else by element
     common_pb2.SHARDING_POLICY_HINT: 3,
 }
-STATIC_POLICIES = frozenset(_AUTO_SHARD_POLICY)
+STATIC_POLICIES = modes.STATIC_POLICIES
+assert STATIC_POLICIES == frozenset(_AUTO_SHARD_POLICY)
 
 
 def shard(dataset: tf.data.Dataset, policy: int, num_workers: int, index: int) -> tf.data.Dataset:
