@@ -52,10 +52,14 @@ class TaskBook:
         task_id: int,
         start: Callable[[], tuple[TaskRunner, RoundRobinServer | None]],
         secret: str = "",
+        produce_now: bool = True,
     ) -> TaskRunner | None:
         """Starts a task with `start` (called under the lock, so a task is never started twice)
         and records its runner, round server and its iteration's secret; None if it is known
-        already."""
+        already. `produce_now=False`: its pipeline runs from the first read (wait_for), for a
+        task that must not take work no client will read (a distributed_epoch task takes splits
+        from the iteration's pool, and a worker that no client reads, one that target_workers
+        leaves out, would take them from the readers of the others)."""
         with self._lock:
             if self._closed or task_id in self._runners or task_id in self._finished:
                 return None
@@ -63,7 +67,8 @@ class TaskBook:
             self._runners[task_id] = runner
             if self._budget is not None:
                 self._budget.add(runner)
-            runner.start_producing()  # (for a runner made with produce_now=False: now it has its share)
+            if produce_now:
+                runner.start_producing()  # (a runner made with produce_now=False: now it has its share)
             self._secrets[task_id] = secret
             if round_robin is not None:
                 self._round_robins[task_id] = round_robin
@@ -170,8 +175,9 @@ class TaskBook:
             self._unreported.difference_update(task_ids)
 
     def wait_for(self, task_id: int, timeout_s: float) -> TaskRunner | None:
-        """The task's runner, waiting up to `timeout_s` for a task not heard of yet; None if
-        it finished, never came, or the book closed."""
+        """The task's runner for a read, producing from now on (see add), waiting up to
+        `timeout_s` for a task not heard of yet; None if it finished, never came, or the book
+        closed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while task_id not in self._runners and task_id not in self._finished and not self._closed:
@@ -180,4 +186,7 @@ class TaskBook:
                     return None
                 self._on_unknown_task()
                 self._changed.wait(min(remaining, _WAIT_POLL_S))
-            return self._runners.get(task_id)
+            runner = self._runners.get(task_id)
+        if runner is not None:
+            runner.start_producing()
+        return runner

@@ -158,7 +158,12 @@ class WorkerServer:
             log.info("worker /metrics on port %d", self._monitoring.port, extra=ids(worker=self.address))
         # Clients in this process read through memory (transfer/local.py).
         local.register(self.address, functools.partial(streaming.stream_task, self._streams, protocol=local.PROTOCOL))
-        self._heartbeat(timeout_s=resolved(self._config.dispatcher_timeout_ms) / 1000)
+        try:
+            self._heartbeat(timeout_s=resolved(self._config.dispatcher_timeout_ms) / 1000)
+        except BaseException:
+            # Refused or unheard: nothing of this worker stays behind (ports, the local registry).
+            self.stop(grace_s=0)
+            raise
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True)
         self._heartbeat_thread.start()
         self._health.set_ready(True)
@@ -333,7 +338,8 @@ class WorkerServer:
             rounds = RoundRobinServer(runner, task.num_consumers, task.starting_round) if task.num_consumers else None
             return runner, rounds
 
-        if self._tasks.add(task.task_id, start, secret=task.read_key) is None:
+        dynamic = task.processing_mode.sharding_policy == common_pb2.SHARDING_POLICY_DYNAMIC
+        if self._tasks.add(task.task_id, start, secret=task.read_key, produce_now=not dynamic) is None:
             return
         log.info(
             "task started",
