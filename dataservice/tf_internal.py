@@ -32,13 +32,23 @@ def serialize_dataset_graph(dataset: tf.data.Dataset) -> bytes:
     """The pipeline's GraphDef bytes, device assignments stripped so any host can run it; ops with
     external state (a shuffle's seed generator, say) are kept with a warning, as TensorFlow's
     service does."""
-    return _dataset_value(
-        dataset,
-        lambda: dataset._as_serialized_graph(
-            external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN,
-            strip_device_assignment=True,
-        ),
-    )
+    try:
+        return _dataset_value(
+            dataset,
+            lambda: dataset._as_serialized_graph(
+                external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN,
+                strip_device_assignment=True,
+            ),
+        )
+    except tf.errors.FailedPreconditionError as e:
+        # TensorFlow's service words it so (a resource on another device, as a rule).
+        raise tf.errors.FailedPreconditionError(
+            e.node_def,
+            e.op,
+            "Serialization error while trying to register a dataset with the service: the dataset may depend on "
+            "a resource located on a different device; call register_dataset() on the device that holds the "
+            f"resource, then from_dataset_id() to read it on each device. ({e.message})",
+        ) from None
 
 
 def dataset_cardinality(dataset: tf.data.Dataset) -> int:
