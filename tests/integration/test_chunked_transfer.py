@@ -5,7 +5,6 @@ the ring, errors in the middle of a chunk, and processes killed on either side."
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import scrape, total
+from hosts import TestHosts, require_test_hosts
 
 import dataservice as service
 from dataservice.local_cluster import LocalCluster, ServerProcess
@@ -173,38 +173,15 @@ def test_killing_the_client_or_the_worker_leaves_nothing_behind(same_host):
     assert _dev_shm() == shm_before
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def other_host():
-    """A test host: a network namespace joined to this one by a veth pair. Yields (namespace,
-    this side's address, the test host's address); everything is deleted afterwards."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        reason = "a test host needs root and iproute2's ip (network namespaces)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    tag = os.getpid() % 100_000
-    namespace, here_link, there_link = f"dsh{tag}", f"dsa{tag}", f"dsb{tag}"
-    subnet = f"10.213.{tag % 250}"
-    here, there = f"{subnet}.1", f"{subnet}.2"
-    _ip("netns", "add", namespace)
+    """A test host (tests/hosts.py). Yields (its namespace, this side's address, its address)."""
+    require_test_hosts()
+    hosts = TestHosts(["other"])
     try:
-        _ip("link", "add", here_link, "type", "veth", "peer", "name", there_link)
-        _ip("link", "set", there_link, "netns", namespace)
-        _ip("addr", "add", f"{here}/30", "dev", here_link)
-        _ip("link", "set", here_link, "up")
-        _ip("-n", namespace, "addr", "add", f"{there}/30", "dev", there_link)
-        _ip("-n", namespace, "link", "set", there_link, "up")
-        _ip("-n", namespace, "link", "set", "lo", "up")
-        yield namespace, here, there
+        yield hosts["other"].namespace, hosts.here, hosts["other"].address
     finally:
-        # The veth pair first, while its far end's namespace lives: deleted after the namespace,
-        # it can wait for the kernel's (asynchronous) cleanup of that namespace.
-        subprocess.run(["ip", "link", "del", here_link], capture_output=True, timeout=30)
-        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+        hosts.close()
 
 
 def test_a_worker_on_another_host_is_read_over_tcp(other_host):
