@@ -56,7 +56,7 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The conformance scenarios (test_conformance.py) run on our service in eager and graph mode
+    """The conformance scenarios (test_conformance*.py) run on our service in eager and graph mode
     and on TensorFlow's in eager mode; TensorFlow's graph-mode runs, its reference results for
     graph mode (about 90 s more), only with --tensorflow-graph-conformance. Deselected, so the
     summary counts them."""

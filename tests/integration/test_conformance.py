@@ -1,23 +1,28 @@
-"""TensorFlow's own test scenarios for its tf.data service, run against ours and against TensorFlow's,
-in eager mode and in graph mode (a tf.Graph read through a Session, as TF1-style code does).
-
-Each scenario is written from a test of TensorFlow's `tensorflow/python/data/experimental/kernel_tests/
-service/` (named in its docstring), checking what that test checks. A scenario whose two services
-differ fails here, or is marked with the reason (README, "Compatibility").
-"""
+"""TensorFlow's own test scenarios for its tf.data service (distributed_epoch_test.py,
+data_service_ops_test.py, dynamic_sharding_test.py, coordinated_read_test.py), run against ours
+and against TensorFlow's, in eager mode and in graph mode (conformance.py)."""
 
 from __future__ import annotations
 
 import collections
-import os
-import select
-import subprocess
-import sys
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conformance import (
+    MODES,
+    SERVICES,
+    TensorFlowService,
+    distribute_of,
+    eager_only,
+    from_dataset_id_of,
+    read_dataset,
+    register_dataset_of,
+    same_items,
+    unique_name,
+    write_record_files,
+)
 from conftest import in_process_cluster
 
 import dataservice as service
@@ -25,77 +30,21 @@ from dataservice.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 
-SERVICES = ("ours", "tensorflow")
-MODES = ("eager", "graph")
-
-
-# TensorFlow's dispatcher and workers in a process of their own, configured as TensorFlow's own
-# tests configure them (their test_base.py): heartbeats every 100 ms and short timeouts, so that
-# finished work is seen quickly. The workers' configuration message as those tests give it (its
-# WorkerConfig tuple has no cross-trainer cache size). It prints the dispatcher's target and
-# serves until its stdin closes (the test's kill, or the test process's end).
-_TENSORFLOW_CLUSTER = """
-import os, sys
-import tensorflow as tf
-from tensorflow.core.protobuf import service_config_pb2
-
-num_workers, cache_bytes = int(sys.argv[1]), int(sys.argv[2])
-S = tf.data.experimental.service
-dispatcher = S.DispatchServer(S.DispatcherConfig(worker_timeout_ms=200, job_gc_check_interval_ms=1000))
-address = dispatcher.target.split("://")[1]
-defaults = S.WorkerConfig(dispatcher_address=address)
-fields = {f: getattr(defaults, f) for f in defaults._fields if getattr(defaults, f) is not None}
-config = service_config_pb2.WorkerConfig(**fields)
-config.heartbeat_interval_ms, config.dispatcher_timeout_ms = 100, 1000
-if cache_bytes >= 0:
-    config.cross_trainer_cache_size_bytes = cache_bytes
-workers = [S.WorkerServer(config) for _ in range(num_workers)]
-print(dispatcher.target, flush=True)
-sys.stdin.read()
-os._exit(0)
-"""
-
-
-class _TensorFlowCluster:
-    """TensorFlow's service as a process (_TENSORFLOW_CLUSTER). Not in the test's process: stopping
-    TensorFlow's servers there waits for reads in flight, and iterators the scenarios dropped
-    (coordinated reads above all) held the module's teardown for one to three minutes at random;
-    a process is killed at once."""
-
-    def __init__(self, num_workers: int, cache_bytes: int | None = None):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        arguments = [str(num_workers), str(-1 if cache_bytes is None else cache_bytes)]
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _TENSORFLOW_CLUSTER, *arguments],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        ready, _, _ = select.select([self._process.stdout], [], [], 120)
-        self.target = self._process.stdout.readline().strip() if ready else ""
-        if not self.target.startswith("grpc://"):
-            self.stop()
-            raise RuntimeError(f"TensorFlow's service did not start (got {self.target!r})")
-
-    def stop(self) -> None:
-        self._process.kill()
-        self._process.wait(timeout=30)
-        self._process.stdin.close()
-        self._process.stdout.close()
-
 
 @pytest.fixture(scope="module")
 def clusters():
     """(service, number of workers, the workers' cross-trainer cache bytes) -> a cluster, made when
     a scenario first asks."""
     made: dict[tuple[str, int, int | None], object] = {}
+    tensorflow: list[TensorFlowService] = []
 
     def get(which: str, num_workers: int, cache_bytes: int | None = None):
         key = (which, num_workers, cache_bytes)
         if key not in made:
             if which == "tensorflow":
-                made[key] = _TensorFlowCluster(num_workers, cache_bytes)
+                if not tensorflow:
+                    tensorflow.append(TensorFlowService())
+                made[key] = tensorflow[0].cluster(num_workers, cache_bytes)
             elif cache_bytes is None:
                 made[key] = in_process_cluster(num_workers)
             else:
@@ -109,55 +58,8 @@ def clusters():
     yield get
     for cluster in made.values():
         cluster.stop()
-
-
-def _distribute(which: str):
-    return service.distribute if which == "ours" else tf.data.experimental.service.distribute
-
-
-def _plain(value):
-    if isinstance(value, tuple | list):
-        return tuple(_plain(v) for v in value)
-    value = np.asarray(value)
-    return value.item() if value.ndim == 0 else tuple(value.tolist())
-
-
-def _read(
-    make: Callable[[], tf.data.Dataset],
-    mode: str,
-    limit: int | None = None,
-    until: Callable[[object], bool] | None = None,
-) -> list:
-    """The elements of the dataset `make()` builds, read eagerly or in a tf.Graph with a Session:
-    all of them, the first `limit`, or up to the first for which `until(element)` is true."""
-    out: list = []
-
-    def keep(element) -> bool:
-        out.append(_plain(element))
-        return until is not None and until(out[-1])
-
-    if mode == "eager":
-        dataset = make()
-        if limit is not None:
-            dataset = dataset.take(limit)
-        for element in dataset.as_numpy_iterator():
-            if keep(element):
-                break
-        return out
-    with tf.Graph().as_default():
-        dataset = make()
-        if limit is not None:
-            dataset = dataset.take(limit)
-        iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
-        next_element = iterator.get_next()
-        with tf.compat.v1.Session() as session:
-            session.run(iterator.initializer)
-            while True:
-                try:
-                    if keep(session.run(next_element)):
-                        return out
-                except tf.errors.OutOfRangeError:
-                    return out
+    for service_process in tensorflow:
+        service_process.stop()
 
 
 @pytest.fixture(params=[(s, m) for s in SERVICES for m in MODES], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -170,17 +72,13 @@ def run(request, clusters):
         kwargs.setdefault("processing_mode", "distributed_epoch")
 
         def make() -> tf.data.Dataset:
-            return pipeline().apply(_distribute(which)(service=cluster.target, **kwargs))
+            return pipeline().apply(distribute_of(which)(service=cluster.target, **kwargs))
 
-        return _read(make, mode, limit)
+        return read_dataset(make, mode, limit)
 
     read.service, read.mode = which, mode
     read.cluster = lambda num_workers: clusters(which, num_workers)
     return read
-
-
-def _same_items(got: list, expected: list) -> None:
-    assert collections.Counter(got) == collections.Counter(expected), (sorted(got)[:20], sorted(expected)[:20])
 
 
 # ---- distributed_epoch_test.py ------------------------------------------------------------------
@@ -188,12 +86,12 @@ def _same_items(got: list, expected: list) -> None:
 
 def test_basic(run):
     """testBasic: range(100) over 2 workers, every element once."""
-    _same_items(run(lambda: tf.data.Dataset.range(100), 2), list(range(100)))
+    same_items(run(lambda: tf.data.Dataset.range(100), 2), list(range(100)))
 
 
 def test_tensor_slices(run):
     """testTensorSlices."""
-    _same_items(run(lambda: tf.data.Dataset.from_tensor_slices([5, 1, 2, 4]), 2), [5, 1, 2, 4])
+    same_items(run(lambda: tf.data.Dataset.from_tensor_slices([5, 1, 2, 4]), 2), [5, 1, 2, 4])
 
 
 @pytest.mark.parametrize("kind", ["interleave", "parallel_interleave", "flat_map"])
@@ -208,12 +106,12 @@ def test_interleave_and_flat_map_of_slices(run, kind):
         parallel = tf.data.AUTOTUNE if kind == "parallel_interleave" else None
         return source.interleave(inner, num_parallel_calls=parallel)
 
-    _same_items(run(pipeline, 2), [1, 5, 0])
+    same_items(run(pipeline, 2), [1, 5, 0])
 
 
 def test_repeat(run):
     """testRepeat: range(20).repeat(5)."""
-    _same_items(run(lambda: tf.data.Dataset.range(20).repeat(5), 2), list(range(20)) * 5)
+    same_items(run(lambda: tf.data.Dataset.range(20).repeat(5), 2), list(range(20)) * 5)
 
 
 def test_forever_repeat(run):
@@ -231,7 +129,7 @@ def test_forever_repeat_of_fewer_elements_than_workers(run):
 def test_shuffle_and_repeat(run):
     """testShuffleAndRepeat."""
     got = run(lambda: tf.data.Dataset.range(20).shuffle(20).repeat(5), 2)
-    _same_items(got, list(range(20)) * 5)
+    same_items(got, list(range(20)) * 5)
 
 
 def test_zip(run):
@@ -260,7 +158,7 @@ def test_imbalanced_zip_over_several_workers(run):
     got = run(pipeline, 3)
     assert len(got) == 200
     if run.service == "ours":
-        _same_items(got, [(i, i) for i in range(200)])
+        same_items(got, [(i, i) for i in range(200)])
 
 
 def test_zip_of_different_rates(run):
@@ -313,7 +211,7 @@ def test_choose_from_datasets(run, num_workers):
     if num_workers == 1:
         assert got == expected
     else:
-        _same_items(got, expected)
+        same_items(got, expected)
 
 
 def test_distributed_epoch_of_a_distributed_dataset_is_unimplemented(run):
@@ -324,7 +222,7 @@ def test_distributed_epoch_of_a_distributed_dataset_is_unimplemented(run):
 
     def pipeline() -> tf.data.Dataset:
         numbers = tf.data.Dataset.from_tensor_slices(list(range(10)) * 5)
-        read = numbers.apply(_distribute(run.service)(processing_mode="parallel_epochs", service=first.target))
+        read = numbers.apply(distribute_of(run.service)(processing_mode="parallel_epochs", service=first.target))
         return read.map(lambda x: x + 1)
 
     with pytest.raises(tf.errors.UnimplementedError, match="Cannot create split providers for dataset"):
@@ -332,17 +230,6 @@ def test_distributed_epoch_of_a_distributed_dataset_is_unimplemented(run):
 
 
 # ---- data_service_ops_test.py -------------------------------------------------------------------
-
-
-def _unique(run, name: str) -> str:
-    """A job name of this scenario's own: the clusters are shared by every scenario of the module."""
-    return f"{name}-{run.service}-{run.mode}-{np.random.default_rng().integers(1 << 40)}"
-
-
-# For a scenario TensorFlow's test runs eagerly only: the `run` fixture for both services, eager.
-eager_only = pytest.mark.parametrize(
-    "run", [(s, "eager") for s in SERVICES], indirect=True, ids=lambda p: f"{p[0]}-{p[1]}"
-)
 
 
 def test_distribute_basic(run):
@@ -355,7 +242,7 @@ def test_distribute_sparse(run):
     """testDistributeSparse: a SparseTensor element arrives as one."""
     element = tf.sparse.SparseTensor(indices=[[0]], values=tf.constant([0], dtype=tf.int32), dense_shape=[1])
     dataset = tf.data.Dataset.from_tensors(element).apply(
-        _distribute(run.service)(processing_mode="parallel_epochs", service=run.cluster(1).target)
+        distribute_of(run.service)(processing_mode="parallel_epochs", service=run.cluster(1).target)
     )
     assert [tf.sparse.to_dense(e).numpy().tolist() for e in dataset] == [[0]]
 
@@ -367,7 +254,7 @@ def test_distribute_ragged(run):
         tf.data.Dataset.from_tensor_slices([1, 5, 3, 2, 8])
         .map(tf.range)
         .apply(tf.data.experimental.dense_to_ragged_batch(2))
-        .apply(_distribute(run.service)(processing_mode="parallel_epochs", service=run.cluster(1).target))
+        .apply(distribute_of(run.service)(processing_mode="parallel_epochs", service=run.cluster(1).target))
     )
     got = [e.to_tensor().numpy().tolist() for e in dataset]
     assert got == [[[0, 0, 0, 0, 0], [0, 1, 2, 3, 4]], [[0, 1, 2], [0, 1, 0]], [[0, 1, 2, 3, 4, 5, 6, 7]]]
@@ -435,11 +322,11 @@ def test_multiple_epochs_and_repeat(run):
 
     def make() -> tf.data.Dataset:
         distributed = tf.data.Dataset.range(10).apply(
-            _distribute(run.service)(processing_mode="parallel_epochs", service=cluster.target)
+            distribute_of(run.service)(processing_mode="parallel_epochs", service=cluster.target)
         )
         return distributed.repeat(5)
 
-    assert _read(make, run.mode) == list(range(10)) * 5
+    assert read_dataset(make, run.mode) == list(range(10)) * 5
 
 
 @pytest.mark.parametrize("max_outstanding_requests", [None, 1])
@@ -447,19 +334,19 @@ def test_multi_worker(run, max_outstanding_requests):
     """testMultiWorker and testMaxOutstandingRequests: three workers each give all of range(10)."""
     kwargs = {"max_outstanding_requests": max_outstanding_requests} if max_outstanding_requests else {}
     got = run(lambda: tf.data.Dataset.range(10), 3, processing_mode="parallel_epochs", **kwargs)
-    _same_items(got, list(range(10)) * 3)
+    same_items(got, list(range(10)) * 3)
 
 
 @eager_only
 def test_shared_job_name(run):
     """testSharedJobName: two iterators of one named job share its elements, each element once."""
-    cluster, name = run.cluster(1), _unique(run, "shared")
+    cluster, name = run.cluster(1), unique_name(run, "shared")
 
     def make() -> tf.data.Dataset:
         return (
             tf.data.Dataset.range(1000)
             .shuffle(1000)
-            .apply(_distribute(run.service)(processing_mode="parallel_epochs", service=cluster.target, job_name=name))
+            .apply(distribute_of(run.service)(processing_mode="parallel_epochs", service=cluster.target, job_name=name))
         )
 
     first, second = iter(make()), iter(make())
@@ -467,12 +354,12 @@ def test_shared_job_name(run):
     for _ in range(200):
         results += [int(next(first)), int(next(second))]
     results += [int(e) for e in first] + [int(e) for e in second]
-    _same_items(results, list(range(1000)))
+    same_items(results, list(range(1000)))
 
 
 def test_different_job_names(run):
     """testDifferentJobNames: two names, two jobs, each reading all of range(10)."""
-    for name in (_unique(run, "one"), _unique(run, "two")):
+    for name in (unique_name(run, "one"), unique_name(run, "two")):
         got = run(lambda: tf.data.Dataset.range(10), 1, processing_mode="parallel_epochs", job_name=name)
         assert got == list(range(10))
 
@@ -480,11 +367,11 @@ def test_different_job_names(run):
 @eager_only
 def test_shared_job_name_multi_iteration(run):
     """testSharedJobNameMultiIteration: a named job's epochs alternate between its two datasets."""
-    cluster, name = run.cluster(1), _unique(run, "epochs")
+    cluster, name = run.cluster(1), unique_name(run, "epochs")
 
     def make() -> tf.data.Dataset:
         return tf.data.Dataset.range(10).apply(
-            _distribute(run.service)(processing_mode="parallel_epochs", service=cluster.target, job_name=name)
+            distribute_of(run.service)(processing_mode="parallel_epochs", service=cluster.target, job_name=name)
         )
 
     first, second = make(), make()
@@ -516,14 +403,14 @@ def test_zip_of_different_processing_modes(run):
 
     def make() -> tf.data.Dataset:
         first = tf.data.Dataset.range(100).apply(
-            _distribute(run.service)(processing_mode="distributed_epoch", service=cluster.target)
+            distribute_of(run.service)(processing_mode="distributed_epoch", service=cluster.target)
         )
         second = tf.data.Dataset.range(100).apply(
-            _distribute(run.service)(processing_mode="parallel_epochs", service=cluster.target)
+            distribute_of(run.service)(processing_mode="parallel_epochs", service=cluster.target)
         )
         return tf.data.Dataset.zip((first, second))
 
-    assert _read(make, run.mode) == [(i, i) for i in range(100)]
+    assert read_dataset(make, run.mode) == [(i, i) for i in range(100)]
 
 
 @pytest.mark.parametrize(
@@ -543,7 +430,7 @@ def test_bad_arguments_are_value_errors(run, kwargs, error):
     naming the argument (in words of its own; TensorFlow's are matched by its tests)."""
     arguments = {"processing_mode": "parallel_epochs", "service": run.cluster(1).target, **kwargs}
     with pytest.raises(ValueError, match=error):
-        tf.data.Dataset.range(10).apply(_distribute(run.service)(**arguments))
+        tf.data.Dataset.range(10).apply(distribute_of(run.service)(**arguments))
 
 
 def test_batches_larger_than_the_dataset(run):
@@ -565,7 +452,7 @@ def test_distribute_compression(run, compression):
 
 
 def _from_dataset_id(run, dataset_id, element_spec, **kwargs) -> tf.data.Dataset:
-    from_dataset_id = service.from_dataset_id if run.service == "ours" else tf.data.experimental.service.from_dataset_id
+    from_dataset_id = from_dataset_id_of(run.service)
     return from_dataset_id(
         processing_mode="parallel_epochs",
         service=run.cluster(1).target,
@@ -576,7 +463,7 @@ def _from_dataset_id(run, dataset_id, element_spec, **kwargs) -> tf.data.Dataset
 
 
 def _register(run):
-    return service.register_dataset if run.service == "ours" else tf.data.experimental.service.register_dataset
+    return register_dataset_of(run.service)
 
 
 @eager_only
@@ -595,12 +482,12 @@ def test_registered_ids_and_shared_jobs(run, same_id):
     """testRegisterSameDatasetIds / testRegisterDifferentDatasetIds: two registrations under one id
     are one dataset, so one job named for both is read out by the first reader; under two ids they
     are two datasets and each reader gets all of range(10)."""
-    first_id = _unique(run, "dataset")
-    second_id = first_id if same_id else _unique(run, "other")
+    first_id = unique_name(run, "dataset")
+    second_id = first_id if same_id else unique_name(run, "other")
     ids = [
         _register(run)(run.cluster(1).target, tf.data.Dataset.range(10), dataset_id=i) for i in (first_id, second_id)
     ]
-    name = _unique(run, "job")
+    name = unique_name(run, "job")
     spec = tf.TensorSpec([], tf.int64)
     first, second = (_from_dataset_id(run, i, spec, job_name=name) for i in ids)
     assert list(first.as_numpy_iterator()) == list(range(10))
@@ -625,8 +512,8 @@ def _dynamic(run, **kwargs) -> dict:
 def test_dynamic_policy_with_and_without_a_job_name(run, job_name):
     """testBasic, testNoJobName, testDistributedEpoch: ShardingPolicy.DYNAMIC over 2 workers,
     with a job name of the scenario's own and without one."""
-    name = {"job_name": _unique(run, job_name)} if job_name else {}
-    _same_items(run(lambda: tf.data.Dataset.range(100), 2, **_dynamic(run, **name)), list(range(100)))
+    name = {"job_name": unique_name(run, job_name)} if job_name else {}
+    same_items(run(lambda: tf.data.Dataset.range(100), 2, **_dynamic(run, **name)), list(range(100)))
 
 
 def test_group_by_window_inside(run):
@@ -648,10 +535,12 @@ def test_repeat_after_distribution(run):
     cluster = run.cluster(2)
 
     def make() -> tf.data.Dataset:
-        distributed = tf.data.Dataset.range(20).apply(_distribute(run.service)(service=cluster.target, **_dynamic(run)))
+        distributed = tf.data.Dataset.range(20).apply(
+            distribute_of(run.service)(service=cluster.target, **_dynamic(run))
+        )
         return distributed.repeat(5)
 
-    _same_items(_read(make, run.mode), list(range(20)) * 5)
+    same_items(read_dataset(make, run.mode), list(range(20)) * 5)
 
 
 def test_imbalanced_zip_and_repeat(run):
@@ -667,7 +556,7 @@ def test_enumerate_counts_on_every_worker(run):
 
     def make() -> tf.data.Dataset:
         source = tf.data.Dataset.from_tensor_slices(["a", "b", "c"]).repeat().enumerate()
-        return source.apply(_distribute(run.service)(service=cluster.target, **_dynamic(run)))
+        return source.apply(distribute_of(run.service)(service=cluster.target, **_dynamic(run)))
 
     counts: collections.Counter = collections.Counter()
 
@@ -675,7 +564,7 @@ def test_enumerate_counts_on_every_worker(run):
         counts[element[0]] += 1
         return counts[10] == 3
 
-    _read(make, run.mode, limit=20_000, until=enough)  # a bound for a counter split across the workers
+    read_dataset(make, run.mode, limit=20_000, until=enough)  # a bound for a counter split across the workers
     assert all(counts[i] == 3 for i in range(10)), counts
 
 
@@ -688,7 +577,7 @@ def test_concatenate(run, num_workers):
     if num_workers == 1:
         assert got == list(range(200))
     else:
-        _same_items(got, list(range(200)))
+        same_items(got, list(range(200)))
 
 
 def test_flat_map_with_repeat(run):
@@ -696,22 +585,22 @@ def test_flat_map_with_repeat(run):
     pipeline = lambda: tf.data.Dataset.range(5).flat_map(  # noqa: E731
         lambda _: tf.data.Dataset.from_tensor_slices(["a", "b", "c"]).repeat(10)
     )
-    _same_items(run(pipeline, 3, **_dynamic(run)), [b"a", b"b", b"c"] * 50)
+    same_items(run(pipeline, 3, **_dynamic(run)), [b"a", b"b", b"c"] * 50)
 
 
 @eager_only
 def test_two_distributes_of_one_job_share_its_splits(run):
     """testMultipleRegistration: two distribute() calls of one dataset under one job name are one
     job: read one after the other, they give range(100) once between them."""
-    cluster, name = run.cluster(2), _unique(run, "shared_job")
+    cluster, name = run.cluster(2), unique_name(run, "shared_job")
     made = [
         tf.data.Dataset.range(100).apply(
-            _distribute(run.service)(service=cluster.target, **_dynamic(run, job_name=name))
+            distribute_of(run.service)(service=cluster.target, **_dynamic(run, job_name=name))
         )
         for _ in range(2)
     ]
     first, second = iter(made[0]), iter(made[1])
-    _same_items([int(e) for e in first] + [int(e) for e in second], list(range(100)))
+    same_items([int(e) for e in first] + [int(e) for e in second], list(range(100)))
 
 
 def test_snapshot_inside_is_refused(run, tmp_path):
@@ -733,18 +622,38 @@ def test_files_of_records_interleaved(run, tmp_path):
     TFRecordDataset over 3 workers give every record of every file once."""
     directory = tmp_path / run.service / run.mode
     directory.mkdir(parents=True)
-    names = []
-    for file in range(5):
-        names.append(str(directory / f"records-{file}"))
-        with tf.io.TFRecordWriter(names[-1]) as writer:
-            for record in range(5):
-                writer.write(b"Record %d of file %d" % (record, file))
+    names = write_record_files(directory, 5, 5)
 
     def pipeline() -> tf.data.Dataset:
         return tf.data.Dataset.from_tensor_slices(tf.random.shuffle(names)).interleave(tf.data.TFRecordDataset)
 
     expected = [b"Record %d of file %d" % (record, file) for file in range(5) for record in range(5)]
-    _same_items(run(pipeline, 3, **_dynamic(run)), expected)
+    same_items(run(pipeline, 3, **_dynamic(run)), expected)
+
+
+# ---- multi_device_test.py -----------------------------------------------------------------------
+
+
+def test_a_resource_on_another_device_is_refused(run):
+    """testResourceOnWrongDevice: a lookup table made on one device (of the 8 logical CPUs the
+    suite configures, conftest.py) and a pipeline on another that uses it cannot be registered:
+    FailedPreconditionError."""
+    cluster = run.cluster(1)
+
+    def make() -> tf.data.Dataset:
+        with tf.device("/cpu:0"):
+            initializer = tf.lookup.KeyValueTensorInitializer([0, 1], [10, 11], tf.int64, tf.int64)
+            table = tf.lookup.StaticHashTable(initializer, -1)
+        with tf.device("/cpu:1"):
+            return (
+                tf.data.Dataset.range(3)
+                .map(table.lookup)
+                .apply(distribute_of(run.service)(processing_mode="parallel_epochs", service=cluster.target))
+            )
+
+    error = "Serialization error while trying to register a dataset"
+    with pytest.raises(tf.errors.FailedPreconditionError, match=error):
+        read_dataset(make, run.mode)
 
 
 # ---- coordinated_read_test.py -------------------------------------------------------------------
@@ -752,7 +661,7 @@ def test_files_of_records_interleaved(run, tmp_path):
 
 def _consumer(run, dataset: tf.data.Dataset, cluster, name: str, index: int, count: int) -> tf.data.Dataset:
     """Consumer `index` of `count` reading `dataset` as the coordinated job `name`."""
-    read = _distribute(run.service)(
+    read = distribute_of(run.service)(
         processing_mode="parallel_epochs",
         service=cluster.target,
         job_name=name,
@@ -794,8 +703,8 @@ def _check_groups(results: list, num_consumers: int) -> None:
 def test_coordinated_reads_give_each_round_from_one_worker(run, num_workers, num_consumers):
     """testBasic: 100 elements read by 1, 2 or 5 coordinated consumers of 1 or 3 workers; each
     round's elements come from one worker."""
-    make = _coordinated_reads(run, num_workers, num_consumers, _unique(run, "coordinated"))
-    got = _read(make, run.mode, limit=100)
+    make = _coordinated_reads(run, num_workers, num_consumers, unique_name(run, "coordinated"))
+    got = read_dataset(make, run.mode, limit=100)
     assert len(got) == 100
     _check_groups(got, num_consumers)
 
@@ -803,10 +712,10 @@ def test_coordinated_reads_give_each_round_from_one_worker(run, num_workers, num
 def test_coordinated_consumers_started_again_are_refused(run):
     """testConsumerRestart: a second set of consumers of a coordinated job whose rounds have
     gone on is refused (FailedPreconditionError) rather than read from rounds long past."""
-    name = _unique(run, "restart")
+    name = unique_name(run, "restart")
     # 21 elements, not TensorFlow's 20: ours cannot yet drop an iterator while one of its
     # consumers waits for a round another consumer will never ask for (README, "Compatibility").
-    _read(_coordinated_reads(run, 1, 3, name), run.mode, limit=21)
+    read_dataset(_coordinated_reads(run, 1, 3, name), run.mode, limit=21)
     # Ours: the class is carried in the message of an UnknownError, since a consumer reads as a
     # generator (README, "Compatibility").
     if run.service == "tensorflow":
@@ -814,7 +723,7 @@ def test_coordinated_consumers_started_again_are_refused(run):
     else:
         refused, error = tf.errors.UnknownError, "FailedPreconditionError.*current round has already reached"
     with pytest.raises(refused, match=error):
-        _read(_coordinated_reads(run, 1, 3, name), run.mode, limit=21)
+        read_dataset(_coordinated_reads(run, 1, 3, name), run.mode, limit=21)
 
 
 def test_coordinated_reads_of_a_finite_dataset_are_refused(run):
@@ -827,4 +736,10 @@ def test_coordinated_reads_of_a_finite_dataset_are_refused(run):
     )
     # Ours raises at distribute(), TensorFlow's at the first read: both inside the block.
     with pytest.raises(tf.errors.FailedPreconditionError, match=error):
-        run(lambda: tf.data.Dataset.range(100), 1, job_name=_unique(run, "finite"), consumer_index=0, num_consumers=1)
+        run(
+            lambda: tf.data.Dataset.range(100),
+            1,
+            job_name=unique_name(run, "finite"),
+            consumer_index=0,
+            num_consumers=1,
+        )

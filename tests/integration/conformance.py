@@ -1,0 +1,255 @@
+"""What the conformance modules (test_conformance*.py) share: TensorFlow's own service as a
+process, reading a dataset eagerly or in a tf.Graph, and comparing elements.
+
+Each scenario there is written from a test of TensorFlow's `tensorflow/python/data/experimental/
+kernel_tests/service/` (named in its docstring) and runs against ours and against TensorFlow's
+service, in eager mode and in graph mode (a tf.Graph read through a Session, as TF1-style code
+does). A scenario whose two services differ fails, or is marked with the reason (README,
+"Compatibility").
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import select
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dataservice as service
+
+SERVICES = ("ours", "tensorflow")
+MODES = ("eager", "graph")
+
+# The `run` parameter of a scenario TensorFlow's test runs eagerly only: both services, eager.
+eager_only = pytest.mark.parametrize(
+    "run", [(s, "eager") for s in SERVICES], indirect=True, ids=lambda p: f"{p[0]}-{p[1]}"
+)
+
+# TensorFlow's service in a process of its own: every cluster of a test module, each a dispatcher
+# and workers configured as TensorFlow's own tests configure them (their test_base.py): heartbeats
+# every 100 ms and short timeouts, so that finished work is seen quickly; the workers'
+# configuration message as those tests give it (its WorkerConfig tuple has neither tags nor a
+# cross-trainer cache size). One process, so that a cluster costs no TensorFlow import. It prints
+# "ready", then answers each command line (JSON) with a JSON line: a new cluster's [id, target], a
+# new worker's address, or {"error": ...} when a server does not start. It serves until its stdin
+# closes (the module's end, or the test process's).
+_TENSORFLOW_SERVICE = """
+import json, os, sys
+import tensorflow as tf
+from tensorflow.core.protobuf import service_config_pb2
+
+S = tf.data.experimental.service
+clusters = []
+
+def start_worker(address, cache_bytes, tags):
+    defaults = S.WorkerConfig(dispatcher_address=address)
+    fields = {f: getattr(defaults, f) for f in defaults._fields if getattr(defaults, f) is not None}
+    config = service_config_pb2.WorkerConfig(**fields)
+    config.heartbeat_interval_ms, config.dispatcher_timeout_ms = 100, 1000
+    if cache_bytes is not None:
+        config.cross_trainer_cache_size_bytes = cache_bytes
+    config.worker_tags.extend(tags)
+    return S.WorkerServer(config)
+
+print("ready", flush=True)
+for line in sys.stdin:
+    command = json.loads(line)
+    try:
+        if command["do"] == "cluster":
+            dispatcher = S.DispatchServer(
+                S.DispatcherConfig(
+                    worker_timeout_ms=200,
+                    job_gc_check_interval_ms=1000,
+                    worker_addresses=command["worker_addresses"],
+                )
+            )
+            address = dispatcher.target.split("://")[1]
+            workers = [start_worker(address, command["cache_bytes"], tags) for tags in command["workers"]]
+            clusters.append((dispatcher, address, command["cache_bytes"], workers))
+            answer = [len(clusters) - 1, dispatcher.target]
+        else:
+            dispatcher, address, cache_bytes, workers = clusters[command["cluster"]]
+            workers.append(start_worker(address, cache_bytes, command["tags"]))
+            answer = workers[-1]._address
+    except Exception as e:
+        answer = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(answer), flush=True)
+os._exit(0)
+"""
+
+
+class LineProcess:
+    """A Python program (`script`, with `args`) run as a process, optionally through a launcher
+    (`ip netns exec` for a test host), that prints a first line when ready and takes commands,
+    one a line, on stdin, answering each with a line."""
+
+    def __init__(self, script: str, args: Sequence[str], what: str, launcher: Sequence[str] = ()):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        self._what = what
+        self._process = subprocess.Popen(
+            [*launcher, sys.executable, "-c", script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.first_line = self._line()
+
+    def _line(self, timeout_s: float = 120) -> str:
+        ready, _, _ = select.select([self._process.stdout], [], [], timeout_s)
+        line = self._process.stdout.readline().strip() if ready else ""
+        if not line:
+            self.stop()
+            raise RuntimeError(f"{self._what} did not answer within {timeout_s} s")
+        return line
+
+    def ask(self, command: str) -> str:
+        self._process.stdin.write(command + "\n")
+        self._process.stdin.flush()
+        return self._line()
+
+    def stop(self) -> None:
+        """Kills the process at once: TensorFlow's servers, stopped in order, wait for reads in
+        flight (a dropped coordinated-read iterator held a module's teardown for minutes)."""
+        self._process.kill()
+        self._process.wait(timeout=30)
+        self._process.stdin.close()
+        self._process.stdout.close()
+
+
+class TensorFlowService:
+    """TensorFlow's service as one process (_TENSORFLOW_SERVICE) holding a module's clusters."""
+
+    def __init__(self):
+        self._process = LineProcess(_TENSORFLOW_SERVICE, [], "TensorFlow's service")
+
+    def ask(self, **command) -> object:
+        """The answer to `command`; RuntimeError (TensorFlow's servers' class) with the message of
+        a server that did not start."""
+        answer = json.loads(self._process.ask(json.dumps(command)))
+        if isinstance(answer, dict):
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def cluster(
+        self,
+        num_workers: int = 0,
+        cache_bytes: int | None = None,
+        worker_tags: Sequence[Sequence[str]] | None = None,
+        worker_addresses: Sequence[str] | None = None,
+    ) -> TensorFlowCluster:
+        """A dispatcher (with a static sharding list, `worker_addresses`, if given) and a worker
+        for each entry of `worker_tags` (its tags), or `num_workers` untagged ones, each with a
+        cross-trainer cache of `cache_bytes` if given."""
+        tags = [list(t) for t in worker_tags] if worker_tags is not None else [[] for _ in range(num_workers)]
+        number, target = self.ask(
+            do="cluster", workers=tags, cache_bytes=cache_bytes, worker_addresses=worker_addresses
+        )
+        return TensorFlowCluster(self, number, target)
+
+    def stop(self) -> None:
+        self._process.stop()
+
+
+class TensorFlowCluster:
+    """One cluster of a TensorFlowService; it lives as long as the service's process."""
+
+    def __init__(self, service: TensorFlowService, number: int, target: str):
+        self._service = service
+        self._number = number
+        self.target = target
+        self.address = target.split("://")[1]
+
+    def add_worker(self, tags: Sequence[str] = ()) -> str:
+        """Starts one more worker in the service's process (remote, to a client here); its address."""
+        return self._service.ask(do="add", cluster=self._number, tags=list(tags))
+
+    def stop(self) -> None:
+        """Nothing: the service's process ends with the module (stopping TensorFlow's servers
+        waits for reads in flight; a dropped coordinated-read iterator held a teardown for minutes)."""
+
+
+def distribute_of(which: str):
+    return service.distribute if which == "ours" else tf.data.experimental.service.distribute
+
+
+def from_dataset_id_of(which: str):
+    return service.from_dataset_id if which == "ours" else tf.data.experimental.service.from_dataset_id
+
+
+def register_dataset_of(which: str):
+    return service.register_dataset if which == "ours" else tf.data.experimental.service.register_dataset
+
+
+def plain(value):
+    """An element as nested tuples of Python scalars, to compare and count."""
+    if isinstance(value, tuple | list):
+        return tuple(plain(v) for v in value)
+    value = np.asarray(value)
+    return value.item() if value.ndim == 0 else tuple(value.tolist())
+
+
+def read_dataset(
+    make: Callable[[], tf.data.Dataset],
+    mode: str,
+    limit: int | None = None,
+    until: Callable[[object], bool] | None = None,
+) -> list:
+    """The elements of the dataset `make()` builds, read eagerly or in a tf.Graph with a Session:
+    all of them, the first `limit`, or up to the first for which `until(element)` is true."""
+    out: list = []
+
+    def keep(element) -> bool:
+        out.append(plain(element))
+        return until is not None and until(out[-1])
+
+    if mode == "eager":
+        dataset = make()
+        if limit is not None:
+            dataset = dataset.take(limit)
+        for element in dataset.as_numpy_iterator():
+            if keep(element):
+                break
+        return out
+    with tf.Graph().as_default():
+        dataset = make()
+        if limit is not None:
+            dataset = dataset.take(limit)
+        iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+        next_element = iterator.get_next()
+        with tf.compat.v1.Session() as session:
+            session.run(iterator.initializer)
+            while True:
+                try:
+                    if keep(session.run(next_element)):
+                        return out
+                except tf.errors.OutOfRangeError:
+                    return out
+
+
+def same_items(got: list, expected: list) -> None:
+    assert collections.Counter(got) == collections.Counter(expected), (sorted(got)[:20], sorted(expected)[:20])
+
+
+def unique_name(run, name: str) -> str:
+    """A job name of this scenario's own: clusters are shared by the scenarios of a module."""
+    return f"{name}-{run.service}-{run.mode}-{np.random.default_rng().integers(1 << 40)}"
+
+
+def write_record_files(directory, num_files: int, num_records: int) -> list[str]:
+    """`num_files` TFRecord files in `directory` (a pathlib.Path), each of `num_records` records
+    b"Record r of file f", as TensorFlow's tests write them; their names."""
+    names = []
+    for file in range(num_files):
+        names.append(str(directory / f"records-{file}"))
+        with tf.io.TFRecordWriter(names[-1]) as writer:
+            for record in range(num_records):
+                writer.write(b"Record %d of file %d" % (record, file))
+    return names
