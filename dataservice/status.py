@@ -32,8 +32,10 @@ class Code(enum.IntEnum):
 
 
 # Codes after which the same call may succeed: the server is (re)starting, overloaded, or
-# the connection dropped.
-RETRYABLE = frozenset({Code.UNAVAILABLE, Code.ABORTED})
+# the connection dropped. CANCELLED too: a server that stops cancels the calls in flight (gRPC's
+# shutdown; our worker's streams when it stops), which for a client is a server gone, as a
+# killed one is UNAVAILABLE; our clients never cancel a call they still wait for.
+RETRYABLE = frozenset({Code.UNAVAILABLE, Code.ABORTED, Code.CANCELLED})
 
 
 def code_of_number(value: int | None) -> Code:
