@@ -34,50 +34,76 @@ eager_only = pytest.mark.parametrize(
 
 # TensorFlow's service in a process of its own: every cluster of a test module, each a dispatcher
 # and workers configured as TensorFlow's own tests configure them (their test_base.py): heartbeats
-# every 100 ms and short timeouts, so that finished work is seen quickly; the workers'
-# configuration message as those tests give it (its WorkerConfig tuple has neither tags nor a
-# cross-trainer cache size). One process, so that a cluster costs no TensorFlow import. It prints
-# "ready", then answers each command line (JSON) with a JSON line: a new cluster's [id, target], a
-# new worker's address, or {"error": ...} when a server does not start. It serves until its stdin
-# closes (the module's end, or the test process's).
+# every 100 ms and short timeouts, so that finished work is seen quickly; a work_dir and
+# fault-tolerant mode where a scenario restarts the dispatcher; the workers' configuration message
+# as those tests give it (its WorkerConfig tuple has neither tags nor a cross-trainer cache size).
+# One process, so that a cluster costs no TensorFlow import. It prints "ready", then answers each
+# command line (JSON) with a JSON line: a new cluster's [id, target], a new worker's address, a
+# number of workers, null, or {"error": ...} when a server does not start. It serves until its
+# stdin closes (the module's end, or the test process's).
 _TENSORFLOW_SERVICE = """
-import json, os, sys
+import json, os, sys, tempfile
 import tensorflow as tf
 from tensorflow.core.protobuf import service_config_pb2
 
 S = tf.data.experimental.service
+
+class Cluster:
+    def __init__(self, command):
+        self.cache_bytes = command["cache_bytes"]
+        self.options = dict(
+            worker_timeout_ms=200, job_gc_check_interval_ms=1000, worker_addresses=command["worker_addresses"]
+        )
+        if command.get("fault_tolerant"):
+            self.options.update(work_dir=tempfile.mkdtemp(), fault_tolerant_mode=True)
+        self.dispatcher = S.DispatchServer(S.DispatcherConfig(port=command.get("port", 0), **self.options))
+        self.address = self.dispatcher.target.split("://")[1]
+        self.workers = [self.start_worker(tags) for tags in command["workers"]]
+
+    def start_worker(self, tags, port=0):
+        defaults = S.WorkerConfig(dispatcher_address=self.address)
+        fields = {f: getattr(defaults, f) for f in defaults._fields if getattr(defaults, f) is not None}
+        config = service_config_pb2.WorkerConfig(**fields)
+        config.heartbeat_interval_ms, config.dispatcher_timeout_ms, config.port = 100, 1000, port
+        if self.cache_bytes is not None:
+            config.cross_trainer_cache_size_bytes = self.cache_bytes
+        config.worker_tags.extend(tags)
+        return S.WorkerServer(config)
+
+    def restart_dispatcher(self):
+        port = int(self.address.split(":")[-1])
+        self.dispatcher._stop()
+        self.dispatcher = S.DispatchServer(S.DispatcherConfig(port=port, **self.options))
+
+    def restart_worker(self, index, same_port):
+        port = int(self.workers[index]._address.split(":")[-1]) if same_port else 0
+        self.workers[index]._stop()
+        self.workers[index] = self.start_worker([], port)
+
 clusters = []
-
-def start_worker(address, cache_bytes, tags):
-    defaults = S.WorkerConfig(dispatcher_address=address)
-    fields = {f: getattr(defaults, f) for f in defaults._fields if getattr(defaults, f) is not None}
-    config = service_config_pb2.WorkerConfig(**fields)
-    config.heartbeat_interval_ms, config.dispatcher_timeout_ms = 100, 1000
-    if cache_bytes is not None:
-        config.cross_trainer_cache_size_bytes = cache_bytes
-    config.worker_tags.extend(tags)
-    return S.WorkerServer(config)
-
 print("ready", flush=True)
 for line in sys.stdin:
     command = json.loads(line)
     try:
+        answer = None
         if command["do"] == "cluster":
-            dispatcher = S.DispatchServer(
-                S.DispatcherConfig(
-                    worker_timeout_ms=200,
-                    job_gc_check_interval_ms=1000,
-                    worker_addresses=command["worker_addresses"],
-                )
-            )
-            address = dispatcher.target.split("://")[1]
-            workers = [start_worker(address, command["cache_bytes"], tags) for tags in command["workers"]]
-            clusters.append((dispatcher, address, command["cache_bytes"], workers))
-            answer = [len(clusters) - 1, dispatcher.target]
+            clusters.append(Cluster(command))
+            answer = [len(clusters) - 1, clusters[-1].dispatcher.target]
         else:
-            dispatcher, address, cache_bytes, workers = clusters[command["cluster"]]
-            workers.append(start_worker(address, cache_bytes, command["tags"]))
-            answer = workers[-1]._address
+            cluster = clusters[command["cluster"]]
+            if command["do"] == "add":
+                cluster.workers.append(cluster.start_worker(command["tags"]))
+                answer = cluster.workers[-1]._address
+            elif command["do"] == "restart_dispatcher":
+                cluster.restart_dispatcher()
+            elif command["do"] == "stop_dispatcher":
+                cluster.dispatcher._stop()
+            elif command["do"] == "restart_worker":
+                cluster.restart_worker(command["index"], command["same_port"])
+            elif command["do"] == "stop_worker":
+                cluster.workers[command["index"]]._stop()
+            elif command["do"] == "num_workers":
+                answer = cluster.dispatcher._num_workers()
     except Exception as e:
         answer = {"error": f"{type(e).__name__}: {e}"}
     print(json.dumps(answer), flush=True)
@@ -134,7 +160,7 @@ class TensorFlowService:
         """The answer to `command`; RuntimeError (TensorFlow's servers' class) with the message of
         a server that did not start."""
         answer = json.loads(self._process.ask(json.dumps(command)))
-        if isinstance(answer, dict):
+        if isinstance(answer, dict) and "error" in answer:
             raise RuntimeError(answer["error"])
         return answer
 
@@ -144,13 +170,19 @@ class TensorFlowService:
         cache_bytes: int | None = None,
         worker_tags: Sequence[Sequence[str]] | None = None,
         worker_addresses: Sequence[str] | None = None,
+        fault_tolerant: bool = False,
     ) -> TensorFlowCluster:
-        """A dispatcher (with a static sharding list, `worker_addresses`, if given) and a worker
-        for each entry of `worker_tags` (its tags), or `num_workers` untagged ones, each with a
-        cross-trainer cache of `cache_bytes` if given."""
+        """A dispatcher (with a static sharding list, `worker_addresses`, if given; with a
+        work_dir and in fault-tolerant mode if `fault_tolerant`) and a worker for each entry of
+        `worker_tags` (its tags), or `num_workers` untagged ones, each with a cross-trainer cache
+        of `cache_bytes` if given."""
         tags = [list(t) for t in worker_tags] if worker_tags is not None else [[] for _ in range(num_workers)]
         number, target = self.ask(
-            do="cluster", workers=tags, cache_bytes=cache_bytes, worker_addresses=worker_addresses
+            do="cluster",
+            workers=tags,
+            cache_bytes=cache_bytes,
+            worker_addresses=worker_addresses,
+            fault_tolerant=fault_tolerant,
         )
         return TensorFlowCluster(self, number, target)
 
@@ -170,6 +202,22 @@ class TensorFlowCluster:
     def add_worker(self, tags: Sequence[str] = ()) -> str:
         """Starts one more worker in the service's process (remote, to a client here); its address."""
         return self._service.ask(do="add", cluster=self._number, tags=list(tags))
+
+    def restart_dispatcher(self) -> None:
+        """A new dispatcher at the same port, from the work_dir (a fault-tolerant cluster)."""
+        self._service.ask(do="restart_dispatcher", cluster=self._number)
+
+    def stop_dispatcher(self) -> None:
+        self._service.ask(do="stop_dispatcher", cluster=self._number)
+
+    def restart_worker(self, index: int, same_port: bool = True) -> None:
+        self._service.ask(do="restart_worker", cluster=self._number, index=index, same_port=same_port)
+
+    def stop_worker(self, index: int) -> None:
+        self._service.ask(do="stop_worker", cluster=self._number, index=index)
+
+    def num_workers(self) -> int:
+        return self._service.ask(do="num_workers", cluster=self._number)
 
     def stop(self) -> None:
         """Nothing: the service's process ends with the module (stopping TensorFlow's servers
