@@ -200,16 +200,21 @@ def test_coordinated_reads_in_threads_read_each_round_from_one_worker(cluster2):
 
 
 def test_coordinated_reads_in_processes(cluster2):
+    # Started together: in two full CI runs (2026-12-06) consumer 1, started without the barrier,
+    # waited past 120 s for a round while consumer 0 had read its 30 and left; not reproduced alone,
+    # with a consumer started 10 s late, nor under load: not understood yet.
     clients = [
         _client_process(
             n=10**9,
             repeat=True,
             limit=30,
+            barrier=True,
             target=cluster2.target,
             kwargs={"job_name": "procs", "consumer_index": i, "num_consumers": 2},
         )
         for i in range(2)
     ]
+    _start_together(clients)
     _assert_rounds_from_one_stream([_elements(p) for p in clients], 2)
 
 
