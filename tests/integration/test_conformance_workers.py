@@ -159,10 +159,11 @@ class _OurCluster:
         self._remote_host().add_worker(self.dispatcher.port, tags)
 
     def stop(self) -> None:
-        """(Its remote workers stop with the test host's process, after every cluster.)"""
+        """(Its remote workers stop with the test host's process, after every cluster.) No grace
+        for streams in flight: the scenarios are over."""
         for worker in self.local_workers:
-            worker.stop()
-        self.dispatcher.stop()
+            worker.stop(grace_s=0)
+        self.dispatcher.stop(grace_s=0)
 
 
 class _TheirCluster:
