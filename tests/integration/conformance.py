@@ -11,18 +11,20 @@ does). A scenario whose two services differ fails, or is marked with the reason 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import select
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import dataservice as service
+from dataservice.local_cluster import LocalCluster
 
 SERVICES = ("ours", "tensorflow")
 MODES = ("eager", "graph")
@@ -301,3 +303,44 @@ def write_record_files(directory, num_files: int, num_records: int) -> list[str]
             for record in range(num_records):
                 writer.write(b"Record %d of file %d" % (record, file))
     return names
+
+
+@contextlib.contextmanager
+def cluster_pool() -> Iterator[Callable[..., object]]:
+    """get(service, num_workers, cache_bytes=None) -> a cluster made when a scenario first asks and
+    shared by the module's scenarios after: ours in this process (workers heartbeating every
+    200 ms, with a cross-trainer cache of `cache_bytes` if given), TensorFlow's in one
+    TensorFlowService process. All stopped when the pool closes."""
+    made: dict[tuple[str, int, int | None], object] = {}
+    tensorflow: list[TensorFlowService] = []
+
+    def get(which: str, num_workers: int, cache_bytes: int | None = None):
+        key = (which, num_workers, cache_bytes)
+        if key not in made:
+            if which == "tensorflow":
+                if not tensorflow:
+                    tensorflow.append(TensorFlowService())
+                made[key] = tensorflow[0].cluster(num_workers, cache_bytes)
+            else:
+                options: dict = {"heartbeat_interval_ms": 200}
+                if cache_bytes is not None:
+                    options["cross_trainer_cache_size_bytes"] = cache_bytes
+                made[key] = LocalCluster(num_workers, processes=False, worker_options=options)
+        return made[key]
+
+    try:
+        yield get
+    finally:
+        for cluster in made.values():
+            cluster.stop()
+        for process in tensorflow:
+            process.stop()
+
+
+def raises_at_read(which: str, error: type, message: str):
+    """pytest.raises for an error a scenario's read raises: TensorFlow's with its class; ours, for
+    checks it makes inside tf.data, as an UnknownError with the class in the message (README,
+    "Compatibility")."""
+    if which == "ours":
+        return pytest.raises(tf.errors.UnknownError, match=f"{error.__name__}.*{message}")
+    return pytest.raises(error, match=message)

@@ -13,7 +13,7 @@ import tensorflow as tf
 from conformance import (
     MODES,
     SERVICES,
-    TensorFlowService,
+    cluster_pool,
     distribute_of,
     eager_only,
     from_dataset_id_of,
@@ -23,10 +23,8 @@ from conformance import (
     unique_name,
     write_record_files,
 )
-from conftest import in_process_cluster
 
 import dataservice as service
-from dataservice.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,31 +33,8 @@ pytestmark = pytest.mark.timeout(300)
 def clusters():
     """(service, number of workers, the workers' cross-trainer cache bytes) -> a cluster, made when
     a scenario first asks."""
-    made: dict[tuple[str, int, int | None], object] = {}
-    tensorflow: list[TensorFlowService] = []
-
-    def get(which: str, num_workers: int, cache_bytes: int | None = None):
-        key = (which, num_workers, cache_bytes)
-        if key not in made:
-            if which == "tensorflow":
-                if not tensorflow:
-                    tensorflow.append(TensorFlowService())
-                made[key] = tensorflow[0].cluster(num_workers, cache_bytes)
-            elif cache_bytes is None:
-                made[key] = in_process_cluster(num_workers)
-            else:
-                made[key] = LocalCluster(
-                    num_workers,
-                    processes=False,
-                    worker_options={"heartbeat_interval_ms": 200, "cross_trainer_cache_size_bytes": cache_bytes},
-                )
-        return made[key]
-
-    yield get
-    for cluster in made.values():
-        cluster.stop()
-    for service_process in tensorflow:
-        service_process.stop()
+    with cluster_pool() as get:
+        yield get
 
 
 @pytest.fixture(params=[(s, m) for s in SERVICES for m in MODES], ids=lambda p: f"{p[0]}-{p[1]}")

@@ -13,18 +13,18 @@ import tensorflow as tf
 from conformance import (
     MODES,
     SERVICES,
-    TensorFlowService,
+    cluster_pool,
     distribute_of,
     eager_only,
     from_dataset_id_of,
     plain,
+    raises_at_read,
     read_dataset,
     register_dataset_of,
     unique_name,
 )
 
 import dataservice as service
-from dataservice.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,29 +35,8 @@ DEFAULT_CACHE_BYTES = 10 * 2**30  # TensorFlow's tests' workers
 @pytest.fixture(scope="module")
 def clusters():
     """(service, number of workers, cache bytes) -> a cluster shared by the module's scenarios."""
-    made: dict = {}
-    tensorflow: list[TensorFlowService] = []
-
-    def get(which: str, num_workers: int = 1, cache_bytes: int = DEFAULT_CACHE_BYTES):
-        key = (which, num_workers, cache_bytes)
-        if key not in made:
-            if which == "tensorflow":
-                if not tensorflow:
-                    tensorflow.append(TensorFlowService())
-                made[key] = tensorflow[0].cluster(num_workers, cache_bytes)
-            else:
-                made[key] = LocalCluster(
-                    num_workers,
-                    processes=False,
-                    worker_options={"heartbeat_interval_ms": 200, "cross_trainer_cache_size_bytes": cache_bytes},
-                )
-        return made[key]
-
-    yield get
-    for cluster in made.values():
-        cluster.stop()
-    for process in tensorflow:
-        process.stop()
+    with cluster_pool() as get:
+        yield lambda which, num_workers=1, cache_bytes=DEFAULT_CACHE_BYTES: get(which, num_workers, cache_bytes)
 
 
 @pytest.fixture(params=[(s, m) for s in SERVICES for m in MODES], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -85,14 +64,6 @@ def run(request, clusters):
 
 def _cache_of(which: str):
     return service.CrossTrainerCache if which == "ours" else tf.data.experimental.service.CrossTrainerCache
-
-
-def _raises_at_read(run, error: type, message: str):
-    """Ours raises some checks inside tf.data, where an error keeps its class only in the message
-    of an UnknownError (README, "Compatibility"); TensorFlow's with its class."""
-    if run.service == "ours":
-        return pytest.raises(tf.errors.UnknownError, match=f"{error.__name__}.*{message}")
-    return pytest.raises(error, match=message)
 
 
 def test_a_second_trainer_reads_the_cached_elements(run):
@@ -233,7 +204,7 @@ def test_one_dataset_iterated_again_is_refused_in_eager_mode(run):
     cluster = run.cluster()
     dataset = run.dataset(cluster, "Trainer 1", unique_name(run, "job")).take(10)
     message = "Cross-trainer caching requires infinite datasets and disallows multiple repetitions"
-    with _raises_at_read(run, tf.errors.InvalidArgumentError, message):
+    with raises_at_read(run.service, tf.errors.InvalidArgumentError, message):
         for _ in range(3):
             [plain(e) for e in dataset]
 
@@ -265,7 +236,7 @@ def test_one_dataset_read_three_times_in_a_graph(run):
 
     if run.service == "ours":
         message = "Cross-trainer caching requires infinite datasets and disallows multiple repetitions"
-        with _raises_at_read(run, tf.errors.InvalidArgumentError, message):
+        with raises_at_read(run.service, tf.errors.InvalidArgumentError, message):
             three_reads("Trainer 1")
         return
     first = three_reads("Trainer 1")
@@ -291,7 +262,9 @@ def test_a_named_job_with_and_without_the_cache(run):
             tf.errors.InvalidArgumentError, match="Existing cross-trainer cache: <enabled>; got <disabled>"
         )
     else:
-        expected = _raises_at_read(run, tf.errors.InvalidArgumentError, "cross-trainer cache enabled vs disabled")
+        expected = raises_at_read(
+            run.service, tf.errors.InvalidArgumentError, "cross-trainer cache enabled vs disabled"
+        )
     with expected:
         run.read(lambda: run.dataset(cluster, None, job))
 

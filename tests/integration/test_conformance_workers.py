@@ -31,6 +31,7 @@ from conformance import (
     TensorFlowService,
     distribute_of,
     eager_only,
+    raises_at_read,
     read_dataset,
     same_items,
     unique_name,
@@ -332,14 +333,6 @@ def _read_in_a_process_without_workers(target: str, mode: str, target_workers: s
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
 
 
-def _raises_at_read(run, error: type, message: str):
-    """Ours raises inside tf.data, where an error keeps its class only in the message of an
-    UnknownError (README, "Compatibility"); TensorFlow's with its class."""
-    if run.service == "ours":
-        return pytest.raises(tf.errors.UnknownError, match=f"{error.__name__}.*{message}")
-    return pytest.raises(error, match=message)
-
-
 # ---- local_workers_test.py ----------------------------------------------------------------------
 
 ONE_AND_THREE = [(1, 0), (1, 3), (3, 0), (3, 3)]
@@ -439,7 +432,7 @@ def test_local_reads_without_a_local_worker(run):
         got = _read_in_a_process_without_workers(cluster.target, "parallel_epochs", "LOCAL")
         assert got.startswith("InvalidArgumentError") and "no local worker is found" in got, got
         return
-    with _raises_at_read(run, tf.errors.InvalidArgumentError, "none of the iteration's workers runs on"):
+    with raises_at_read(run.service, tf.errors.InvalidArgumentError, "none of the iteration's workers runs on"):
         run(_range(10), cluster, target_workers="LOCAL")
 
 
@@ -452,7 +445,9 @@ def test_one_job_name_with_other_target_workers(run):
         message = "existing job with different parameters: Existing target workers: <AUTO>; got <ANY>"
         expected = pytest.raises(tf.errors.InvalidArgumentError, match=message)
     else:
-        expected = _raises_at_read(run, tf.errors.InvalidArgumentError, "already exists.*target_workers AUTO vs ANY")
+        expected = raises_at_read(
+            run.service, tf.errors.InvalidArgumentError, "already exists.*target_workers AUTO vs ANY"
+        )
     with expected:
         run(_range(10), cluster, job_name=name, target_workers="ANY")
 
@@ -691,7 +686,7 @@ def test_range_shard_by_file_has_no_files(run):
         expected = pytest.raises(tf.errors.NotFoundError, match="Found an unshardable source dataset")
     else:
         # Ours finds it when the job is made, before any worker runs: InvalidArgument.
-        expected = _raises_at_read(run, tf.errors.InvalidArgumentError, "Found an unshardable source dataset")
+        expected = raises_at_read(run.service, tf.errors.InvalidArgumentError, "Found an unshardable source dataset")
     with expected:
         run(_range(20), cluster, processing_mode=_policy(run, "FILE"), target_workers="LOCAL")
 
@@ -764,7 +759,7 @@ def test_fewer_files_than_workers(run, record_files, policy):
     if run.service == "tensorflow":
         expected = pytest.raises(tf.errors.InvalidArgumentError, match=message)
     else:
-        expected = _raises_at_read(run, tf.errors.InvalidArgumentError, message)
+        expected = raises_at_read(run.service, tf.errors.InvalidArgumentError, message)
     with expected:
         run(_files_then_records(record_files[:4]), cluster, processing_mode=_policy(run, policy))
     by_data = run(_files_then_records(record_files[:4]), cluster, processing_mode=_policy(run, "DATA"))
@@ -829,7 +824,7 @@ def test_an_empty_list_of_workers(run):
     if run.service == "tensorflow":
         expected = pytest.raises(tf.errors.NotFoundError, match="Worker .* is not in the workers list")
     else:
-        expected = _raises_at_read(run, tf.errors.FailedPreconditionError, "needs a dispatcher configured with")
+        expected = raises_at_read(run.service, tf.errors.FailedPreconditionError, "needs a dispatcher configured with")
     with expected:
         run(_range(20), cluster, processing_mode=_policy(run, "FILE_OR_DATA"))
 
@@ -844,7 +839,7 @@ def test_static_sharding_without_local_workers(run, record_files):
         assert got.startswith("InvalidArgumentError"), got
         assert "Static sharding policy <FILE_OR_DATA> requires local tf.data workers" in got, got
         return
-    with _raises_at_read(run, tf.errors.InvalidArgumentError, "static sharding reads the workers on this host"):
+    with raises_at_read(run.service, tf.errors.InvalidArgumentError, "static sharding reads the workers on this host"):
         run(_files_then_records(record_files), only_remote, processing_mode=_policy(run, "FILE_OR_DATA"))
 
 
