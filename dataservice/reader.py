@@ -112,6 +112,7 @@ class NumpyReader:
         data_transfer_protocol: str | None = None,
         cross_trainer_cache: Any = None,
         dispatcher_timeout_ms: int | None = None,
+        stream_timeout_ms: int | None = None,
         state: dict | None = None,
         repetition: int = 0,
     ):
@@ -126,6 +127,7 @@ class NumpyReader:
             cross_trainer_cache,
             target_workers,
             dispatcher_timeout_ms,
+            stream_timeout_ms,
         )
         dataset_id = dataset_id_argument(dataset_id, job_name, "NumpyReader")
         if not isinstance(repetition, int) or isinstance(repetition, bool) or repetition < 0:
@@ -189,6 +191,7 @@ class NumpyReader:
                 self._options.timeout_s,
                 self._compression,
                 tls=self._target.tls,
+                stream_timeout_s=self._options.stream_timeout_s,
             )
         else:
             reader = IterationReader(
@@ -202,6 +205,7 @@ class NumpyReader:
                 self._options.data_transfer_protocol,
                 tls=self._target.tls,
                 resume_from=resume_from,
+                stream_timeout_s=self._options.stream_timeout_s,
             )
             if resume_from:
                 # A resumed iteration's tasks are new; the next pass follows the saved one's.

@@ -100,6 +100,14 @@ class CreditLedger:
                 self._accounts[stream].outstanding -= count
             self._changed.notify_all()
 
+    def end_connection(self, ended: threading.Event) -> None:
+        """Sets `ended`, the end of one connection of a stream, under the ledger's lock: a grant()
+        whose `stopped` reads it either happened before (the next connection's unused() counts
+        it and grants it again) or grants nothing. Wakes grant() waiters to see it."""
+        with self._changed:
+            ended.set()
+            self._changed.notify_all()
+
     def end(self, stream: Hashable) -> None:
         """The stream receives nothing more: credits granted and not received are free again."""
         with self._changed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dataservice import modes, status
-from dataservice.config import DEFAULT_CLIENT_TIMEOUT_MS
+from dataservice.config import DEFAULT_CLIENT_TIMEOUT_MS, DEFAULT_STREAM_TIMEOUT_MS
 from dataservice.transfer.wire import WireCodec
 from dataservice.v1 import common_pb2
 
@@ -74,6 +74,26 @@ def timeout_s(dispatcher_timeout_ms: int | None) -> float:
     return dispatcher_timeout_ms / 1000
 
 
+# The shortest stream_timeout_ms: a few of the workers' keepalive periods (wire.STREAM_KEEPALIVE_S),
+# which a busy worker may stretch, so that a live worker is never taken for a silent one.
+MIN_STREAM_TIMEOUT_MS = 5_000
+
+
+def stream_timeout_s(stream_timeout_ms: int | None) -> float:
+    if stream_timeout_ms is None:
+        return DEFAULT_STREAM_TIMEOUT_MS / 1000
+    if (
+        not isinstance(stream_timeout_ms, int)
+        or isinstance(stream_timeout_ms, bool)
+        or stream_timeout_ms < MIN_STREAM_TIMEOUT_MS
+    ):
+        raise ValueError(
+            f"stream_timeout_ms must be an integer of at least {MIN_STREAM_TIMEOUT_MS} (workers send a keepalive "
+            f"every second), got {stream_timeout_ms!r}"
+        )
+    return stream_timeout_ms / 1000
+
+
 class ReadOptions:
     """The validated reading arguments shared by distribute() and from_dataset_id()."""
 
@@ -88,6 +108,7 @@ class ReadOptions:
         cross_trainer_cache,
         target_workers,
         dispatcher_timeout_ms,
+        stream_timeout_ms=None,
     ):
         self.sharding_policy = modes.parse_processing_mode(processing_mode)
         if job_name is not None and (not isinstance(job_name, str) or not job_name):
@@ -135,6 +156,7 @@ class ReadOptions:
         self.num_consumers = num_consumers
         self.max_outstanding_requests = max_outstanding_requests
         self.timeout_s = timeout_s(dispatcher_timeout_ms)
+        self.stream_timeout_s = stream_timeout_s(stream_timeout_ms)
 
     def check_cardinality(self, cardinality: int) -> None:
         """Coordinated reads need an infinite dataset: every consumer reads every round; so does a

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 from dataservice import status
@@ -31,6 +32,7 @@ from dataservice.client.reader_state import (
 )
 from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
+from dataservice.config import DEFAULT_STREAM_TIMEOUT_MS
 from dataservice.rpc import errors, retrying
 from dataservice.rpc.dispatcher_client import TaskPosition
 from dataservice.rpc.tls import TlsFiles
@@ -63,11 +65,13 @@ class IterationReader:
         protocol: str | None = None,
         tls: TlsFiles | None = None,
         resume_from: Sequence[TaskPosition] | None = None,
+        stream_timeout_s: float = DEFAULT_STREAM_TIMEOUT_MS / 1000,
     ):
         self.codec = codec
         self.protocol = protocol
         self.tls = tls
         self.timeout_s = timeout_s
+        self.stream_timeout_s = stream_timeout_s
         self.compression = compression
         self.credits = CreditLedger(max_outstanding)
         # The ring of shared memory a stream from a worker on this host asks for.
@@ -98,6 +102,7 @@ class IterationReader:
         )
         self.client_id = self.session.client_id
         self.session.start()
+        threading.Thread(target=self._watch_streams, name="stream-watchdog", daemon=True).start()
 
     # ---- the consumer side -----------------------------------------------
 
@@ -169,6 +174,17 @@ class IterationReader:
             stream.cancel()
         for stream in streams:
             stream.join(timeout=2)
+
+    def _watch_streams(self) -> None:
+        """Breaks every stream from which nothing, not even a keepalive, came for stream_timeout_s:
+        its worker's host is partitioned from this one or frozen, and without this its read would
+        wait for TCP to give up (many minutes). The stream then connects again, as after any break."""
+        period = min(1.0, self.stream_timeout_s / 4)
+        while not self.stopped.wait(period):
+            with self._lock:
+                streams = list(self._streams.values())
+            for stream in streams:
+                stream.break_if_silent(self.stream_timeout_s)
 
     # ---- heartbeats ------------------------------------------------------
 
@@ -264,6 +280,10 @@ class _TaskStream:
         self._task = task
         self.task_id = task.task_id
         self._stream: ElementStream | None = None
+        # When the current connection last brought a message (monotonic), and whether it was broken
+        # for its silence; under _cancel_lock.
+        self._heard = 0.0
+        self._silent_for = 0.0
         self._cancel_lock = threading.Lock()
         self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"stream-task-{task.task_id}", daemon=True)
@@ -273,6 +293,10 @@ class _TaskStream:
         """The requests of one connection, until `ended`: a connection that is over grants
         nothing more, so that what the next one re-grants is all that was not used."""
         reader, credits = self._reader, self._reader.credits
+
+        def over() -> bool:
+            return reader.stopped.is_set() or ended.is_set()
+
         # Credits granted on an earlier connection and not used are granted again; the worker
         # sends again what it sent after what arrived (worker/delivery.py).
         unused = credits.unused(self.task_id)
@@ -282,11 +306,14 @@ class _TaskStream:
             read_key=reader.session.read_key,
             compression=reader.compression,
             trainer_id=reader.trainer_id,
-            credits=unused + credits.grant(self.task_id, 0, reader.stopped.is_set),
+            credits=unused + credits.grant(self.task_id, 0, over),
             received=credits.received_total(self.task_id),
         )
-        while not reader.stopped.is_set() and not credits.is_done(self.task_id) and not ended.is_set():
-            count = credits.grant(self.task_id, 0.5, reader.stopped.is_set)
+        while not over() and not credits.is_done(self.task_id):
+            # A grant of an ended connection would be lost with it while the ledger counts it as
+            # granted, and the next connection's `unused` would not grant it again: credits.grant
+            # checks `over` under the ledger's lock, under which `ended` is set (end_connection).
+            count = credits.grant(self.task_id, 0.5, over)
             if count or credits.acknowledgement(self.task_id):
                 # Each request acknowledges what has arrived: the worker forgets it.
                 yield worker_pb2.StreamElementsRequest(credits=count, received=credits.received_total(self.task_id))
@@ -301,9 +328,16 @@ class _TaskStream:
                 stream = open_stream(self._task, reader.protocol, self._requests(ended), reader.tls, reader.ring_bytes)
                 with self._cancel_lock:
                     self._stream = stream
+                    self._heard, self._silent_for = time.monotonic(), 0.0
                     if reader.stopped.is_set() or self._abandoned.is_set():
                         stream.cancel()
+                delivered = False
                 for response, buffers in stream:
+                    self._heard = time.monotonic()
+                    if response.chunks and not delivered:
+                        # This connection works: a later break gets the whole timeout again.
+                        delivered = True
+                        backoff = retrying.Backoff(reader.timeout_s)
                     if response.chunks and response.first_element != reader.credits.received_total(self.task_id):
                         raise _Gap(response.first_element, reader.credits.received_total(self.task_id))
                     if response.receipt:  # before the elements reach the consumer (and a checkpoint)
@@ -329,6 +363,13 @@ class _TaskStream:
                 where = f"reading task {self._task.task_id} from worker {self._task.worker_address}"
                 error = errors.client_error(e, where)
                 retry = e.code in status.RETRYABLE
+                if self._silent_for:
+                    error = status.UnavailableError(
+                        f"{where}: nothing arrived for {self._silent_for:.1f} s (stream_timeout_ms): its host may be "
+                        "partitioned from this one, or the worker frozen"
+                    )
+                    retry = True
+                    log.warning("%s; connecting again", error)
             except _Gap as e:
                 error = status.DataLossError(f"task {self._task.task_id}: worker {self._task.worker_address} {e}")
                 retry = False
@@ -338,7 +379,9 @@ class _TaskStream:
                 )
                 retry = False
             finally:
-                ended.set()
+                reader.credits.end_connection(ended)
+                with self._cancel_lock:
+                    self._stream = None
                 if stream is not None:
                     stream.close()
             if self._abandoned.is_set() or (retry and reader.task_finished(self._task.task_id)):
@@ -358,6 +401,14 @@ class _TaskStream:
     def cancel(self) -> None:
         with self._cancel_lock:
             if self._stream is not None:
+                self._stream.cancel()
+
+    def break_if_silent(self, timeout_s: float) -> None:
+        """Breaks the current connection if nothing came on it for `timeout_s`."""
+        with self._cancel_lock:
+            silent_for = time.monotonic() - self._heard
+            if self._stream is not None and not self._silent_for and silent_for > timeout_s:
+                self._silent_for = silent_for
                 self._stream.cancel()
 
     def abandon(self) -> None:

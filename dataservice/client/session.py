@@ -10,9 +10,12 @@ through a callback.
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import ipaddress
 import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +63,36 @@ class JobSpec:
         )
 
 
+# ioctl SIOCGIFADDR: an interface's (first) IPv4 address.
+_SIOCGIFADDR = 0x8915
+
+
+def _interface_addresses() -> set[str]:
+    """The addresses of this network namespace's interfaces (IPv4 by ioctl, IPv6 from
+    /proc/net/if_inet6): what a worker on this host may advertise. The host name's addresses
+    are not enough: containers and network namespaces share a name but not addresses."""
+    addresses: set[str] = set()
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return addresses
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for name in names:
+            try:
+                packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address
+            addresses.add(socket.inet_ntoa(packed[20:24]))
+    try:
+        with open("/proc/net/if_inet6") as lines:
+            for line in lines:
+                digits = line.split()[0]
+                addresses.add(str(ipaddress.IPv6Address(bytes.fromhex(digits))))
+    except (OSError, ValueError, IndexError):
+        pass
+    return addresses
+
+
 @functools.lru_cache(maxsize=1)
 def _local_hosts() -> frozenset[str]:
     names = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
@@ -69,6 +102,9 @@ def _local_hosts() -> frozenset[str]:
             names.update(socket.gethostbyname_ex(name)[2])
         except OSError:
             pass
+    names.update(_interface_addresses())
+    # As an address names them in "host:port": "[v6]:port".
+    names.update(f"[{address}]" for address in list(names) if ":" in address and not address.startswith("["))
     return frozenset(names)
 
 

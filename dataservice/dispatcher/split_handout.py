@@ -78,6 +78,13 @@ class SplitHandout:
         if key in iteration.outstanding_splits:  # a retry: the same answer again
             begin, end = iteration.outstanding_splits[key]
             return dispatcher_pb2.GetSplitsResponse(begin=begin, end=end)
+        if ctx.state.known_task(task_id).lost:
+            # Not end_of_splits: that would let the worker produce the range it holds, which its
+            # loss returned to the pool (it was not started) and another task may produce too.
+            raise status.OutOfRangeError(
+                f"task {task_id} was lost (its worker was removed by {ctx.where}): it must produce nothing more; "
+                "its unstarted ranges went back to the pool"
+            )
         if iteration.finished or ctx.state.known_task(task_id).finished:
             return dispatcher_pb2.GetSplitsResponse(end_of_splits=True)
 

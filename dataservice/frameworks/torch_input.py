@@ -102,6 +102,7 @@ class ServiceIterableDataset(IterableDataset):
                 "data_transfer_protocol",
                 "cross_trainer_cache",
                 "dispatcher_timeout_ms",
+                "stream_timeout_ms",
             )
         }
         if reader_options:

@@ -54,9 +54,9 @@ class DispatcherClient:
     """Typed calls to the dispatcher at `address` ("host:port").
 
     `timeout_s` bounds each call, retries included, unless the call is given
-    its own. `shared=True` (clients) uses the process's shared channel to the
-    address; otherwise (workers) the client owns its channel. close() gives
-    the channel back.
+    its own (a try still waits retrying.MIN_TRY_S for its answer). `shared=True`
+    (clients) uses the process's shared channel to the address; otherwise
+    (workers) the client owns its channel. close() gives the channel back.
     """
 
     def __init__(

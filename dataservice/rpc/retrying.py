@@ -14,6 +14,11 @@ import grpc
 from dataservice import status
 from dataservice.rpc.errors import RETRYABLE_CODES, client_error
 
+# Each try waits at least this long for an answer, however little of the call's timeout is left:
+# a short timeout (dispatcher_timeout_ms=0 among them) means one try, as in TensorFlow's retry
+# loop, not a try cut off before a busy server could answer.
+MIN_TRY_S = 1.0
+
 
 class Backoff:
     """Exponential backoff with jitter, capped, until a deadline."""
@@ -52,7 +57,9 @@ def call(
     """
     backoff = Backoff(timeout_s)
     while True:
-        per_try = max(0.01, min(rpc_timeout_s or timeout_s, backoff.remaining()))
+        per_try = max(MIN_TRY_S, backoff.remaining())
+        if rpc_timeout_s:
+            per_try = min(rpc_timeout_s, per_try)
         try:
             return method(request, timeout=per_try)
         except grpc.RpcError as e:

@@ -41,6 +41,10 @@ from dataservice.transfer import compression
 from dataservice.v1 import common_pb2
 
 Components = list[np.ndarray]
+# A worker sends a message with nothing in it on a stream it has sent nothing on for this long,
+# so that the client can tell a quiet stream (a slow pipeline, no credits) from a silent peer
+# (a partitioned or frozen host), which sends not even that: the client's stream_timeout_ms.
+STREAM_KEEPALIVE_S = 1.0
 # Bytes on their way into a message: bytes, a memoryview, or a 1-D uint8 array viewing a column.
 Buffer = bytes | memoryview | np.ndarray
 Header = TypeVar("Header", bound=Message)

@@ -136,7 +136,8 @@ class WorkerServicer:
             is_open = functools.partial(self.idle_streams.is_open, stream)
             for header, buffers in streaming.stream_task(self._streams, request, later, is_open):
                 yield wire.frame(header, buffers)
-                self.idle_streams.active(stream)
+                if header.ByteSize():  # not a keepalive: those go out to an idle client too
+                    self.idle_streams.active(stream)
         except status.ServiceError as e:
             context.abort(errors.grpc_code(e.code), e.message)
         finally:

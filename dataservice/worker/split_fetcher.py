@@ -10,16 +10,21 @@ repetition across all workers.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
 import tensorflow as tf
 
+from dataservice import status
 from dataservice.pipeline.splits import Source
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.v1 import dispatcher_pb2
 
 _RANGE_SIGNATURE = (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64))
+
+
+_log = logging.getLogger(__name__)
 
 
 class _GroupLog:
@@ -28,6 +33,9 @@ class _GroupLog:
     def __init__(self) -> None:
         self.ranges: list[tuple[int, int]] = []
         self.ended = False
+        # The dispatcher gave the task up (its worker was taken for lost): the last range fetched was
+        # never confirmed started, and went back to the pool.
+        self.lost = False
         self.fetching = False
 
 
@@ -80,25 +88,31 @@ class SplitFetcher:
         range the dispatcher still counts as unstarted never produced an element.
         """
         with self._cond:
-            log = self._logs.setdefault((group, repetition), _GroupLog())
-            while not (log.ended or index + 1 < len(log.ranges)):
-                if log.fetching:
+            group_log = self._logs.setdefault((group, repetition), _GroupLog())
+            while not (group_log.ended or index + 1 < len(group_log.ranges)):
+                if group_log.fetching:
                     self._cond.wait()
                     continue
-                log.fetching = True
-                wanted = len(log.ranges)
+                group_log.fetching = True
+                wanted = len(group_log.ranges)
                 self._cond.release()
+                response = None
                 try:
                     response = self._fetch(group, repetition, wanted)
+                except status.OutOfRangeError as e:
+                    _log.warning("task %d: %s", self._task_id, e.message)
                 finally:
                     self._cond.acquire()
-                    log.fetching = False
+                    group_log.fetching = False
                     self._cond.notify_all()
-                if response.end_of_splits:
-                    log.ended = True
+                if response is None:
+                    group_log.ended = group_log.lost = True
+                elif response.end_of_splits:
+                    group_log.ended = True
                 else:
-                    log.ranges.append((response.begin, response.end))
-            return log.ranges[index] if index < len(log.ranges) else None
+                    group_log.ranges.append((response.begin, response.end))
+            confirmed = index + 1 < len(group_log.ranges) or (index < len(group_log.ranges) and not group_log.lost)
+            return group_log.ranges[index] if confirmed else None
 
     def _fetch(self, group: int, repetition: int, index: int) -> dispatcher_pb2.GetSplitsResponse:
         return self._dispatcher.get_splits(self._iteration_id, self._task_id, group, repetition, index)

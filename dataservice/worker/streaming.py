@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 
 from google.protobuf.message import Message
@@ -199,12 +200,20 @@ def stream_task(
     worker.transfer.opened(protocol)
     try:
         position = request.received
+        last_sent = time.monotonic()
         while is_active() and delivery.is_current(stream) and not credits.closed:
+            if time.monotonic() - last_sent >= wire.STREAM_KEEPALIVE_S:
+                # Nothing to send for a while (a slow pipeline, no credits): the client hears
+                # that this worker is alive (wire.STREAM_KEEPALIVE_S).
+                yield worker_pb2.StreamElementsResponse(), []
+                last_sent = time.monotonic()
             message = delivery.message_at(position)
             if message is None and (runner is None or delivery.ended):
                 # Everything is sent; the end goes out once the client has acknowledged it all.
                 if not delivery.wait_acknowledged(position, 0):
-                    yield from sender.ask_to_acknowledge(position)
+                    for response in sender.ask_to_acknowledge(position):
+                        yield response
+                        last_sent = time.monotonic()
                     if not delivery.wait_acknowledged(position, _TAKE_POLL_S):
                         continue
                 yield worker_pb2.StreamElementsResponse(end_of_sequence=True), []
@@ -216,9 +225,12 @@ def stream_task(
                     # No room until the client acknowledges what it holds, and a client that has
                     # granted every credit it has sends no request (with its acknowledgement) of
                     # its own: ask for one.
-                    yield from sender.ask_to_acknowledge(position)
+                    for response in sender.ask_to_acknowledge(position):
+                        yield response
+                        last_sent = time.monotonic()
                 continue
             yield sender.encode(message)
+            last_sent = time.monotonic()
             position = message.end
     finally:
         worker.transfer.opened(protocol, -1)

@@ -69,3 +69,26 @@ def test_reading_meter_splits_waiting_from_the_consumers_own_time():
     # A wait in progress counts up to now.
     time.sleep(0.05)
     assert meter.totals().wait_s >= totals.wait_s + 0.05
+
+
+def test_an_ended_connection_grants_nothing_the_next_one_would_not_grant_again():
+    """A stream's connection ended while its request loop waits in grant(): the consumer then
+    frees credits. The old connection's grant must come back empty, else its credits would go
+    out on a dead connection while the ledger counts them granted, and the next connection
+    (which grants again only `unused`: granted, not received) would never grant them: the
+    worker would wait for credits the client thinks it holds."""
+    ledger = CreditLedger(4)
+    ledger.open("a")
+    assert ledger.grant("a", 0, never) == 4
+    ledger.received("a", 4)
+    ended = threading.Event()
+    late: list[int] = []
+    waiting = threading.Thread(target=lambda: late.append(ledger.grant("a", 5.0, ended.is_set)))
+    waiting.start()
+    time.sleep(0.1)
+    ledger.end_connection(ended)
+    next_connection_regrants = ledger.unused("a")
+    ledger.consumed([("a", 4)])
+    waiting.join(5)
+    assert late == [0] and next_connection_regrants == 0
+    assert ledger.grant("a", 0, never) == 4, "the next connection's own grant gets the freed credits"

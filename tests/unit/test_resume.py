@@ -149,8 +149,10 @@ def test_a_lost_replaying_task_keeps_its_input_for_the_next_resume(clock, notifi
     once = resume(core, notifier, dataset_id, DYNAMIC, {task: 20})
     (replaying,) = once.task_ids
     splits(core, once.iteration_id, replaying, 0)
-    clock.advance(3)
     heartbeat(core, "w2:1")
+    for _ in range(2):  # w2 heartbeats, w1 stays silent
+        clock.advance(1.5)
+        heartbeat(core, "w2:1")
     core.collect_garbage()  # w1 is lost: its replay task with it
     assert core.state.task(replaying).lost
     # Nothing of its input went to another task (its consumer had taken some of it) ...
