@@ -58,10 +58,18 @@ def reading_target(sharding_policy: int, target_workers: common_pb2.TargetWorker
 _MODE_NAMES = {"parallel_epochs": ShardingPolicy.OFF, "distributed_epoch": ShardingPolicy.DYNAMIC}
 
 
-def parse_processing_mode(processing_mode: str | ShardingPolicy) -> ShardingPolicy:
-    """Maps "parallel_epochs", "distributed_epoch" or a ShardingPolicy to a ShardingPolicy."""
+def parse_processing_mode(processing_mode: str | enum.Enum) -> ShardingPolicy:
+    """Maps "parallel_epochs", "distributed_epoch" or a ShardingPolicy to a ShardingPolicy.
+    TensorFlow's ShardingPolicy is taken too, by member name (code that switched its import to
+    dataservice may still name TensorFlow's enum somewhere); TensorFlow is not imported here."""
     if isinstance(processing_mode, ShardingPolicy):
         return processing_mode
+    if (
+        isinstance(processing_mode, enum.Enum)
+        and type(processing_mode).__name__ == "ShardingPolicy"
+        and processing_mode.name in ShardingPolicy.__members__
+    ):
+        return ShardingPolicy[processing_mode.name]
     if isinstance(processing_mode, str) and processing_mode in _MODE_NAMES:
         return _MODE_NAMES[processing_mode]
     raise ValueError(

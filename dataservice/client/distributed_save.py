@@ -32,9 +32,13 @@ def distributed_save(
     compression: str | None = "AUTO",
     *,
     dispatcher_timeout_ms: int | None = None,
-) -> None:
+) -> tf.Operation | None:
     """Starts writing `dataset` to the directory `path` (which must not exist) with the service at
     `data_service_address` ("host:port", or "grpc[+tls]://host:port"); returns at once.
+
+    In a tf.Graph TensorFlow's distributed_save returns an op that starts the save when it runs;
+    this one starts the save when called (as register_dataset registers when called) and returns
+    an op that does nothing, so that code running the op works unchanged.
 
     compression: "AUTO" (snappy), "SNAPPY", "GZIP", or None. Needs a dispatcher in
     fault_tolerant_mode and a pipeline whose sources the dispatcher can split (as for
@@ -62,3 +66,4 @@ def distributed_save(
     )
     with DispatcherClient(target.address, timeout_s, shared=True, tls=target.tls) as dispatcher:
         dispatcher.snapshot(dataset_id, os.path.abspath(path), metadata.SerializeToString())
+    return None if tf.executing_eagerly() else tf.no_op(name="distributed_save")

@@ -58,6 +58,13 @@ class DatasetAdmission:
             if requested:
                 existing = ctx.state.dataset(requested)
                 if existing is not None:
+                    if existing.metadata.element_spec != request.metadata.element_spec:
+                        # TensorFlow's words, which its tests match.
+                        raise status.invalid_argument(
+                            f"Datasets with the same ID should have the same structure: dataset id {requested!r} "
+                            "is registered with elements of another structure; register this dataset under "
+                            "another id"
+                        )
                     if existing.fingerprint != fingerprint:
                         raise status.already_exists(
                             f"dataset id {requested!r} is already registered with a different dataset"

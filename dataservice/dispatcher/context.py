@@ -127,8 +127,9 @@ class CoreContext:
             raise status.invalid_argument("dataset_id must not be empty")
         dataset = self.state.dataset(dataset_id)
         if dataset is None:
+            # "Dataset id ... not found": TensorFlow's words, which its tests match.
             raise status.not_found(
-                f"dataset id {dataset_id!r} is not registered with {self.where}; "
+                f"Dataset id {dataset_id} not found: it is not registered with {self.where}; "
                 "register it with register_dataset() first"
             )
         return dataset

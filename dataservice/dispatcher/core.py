@@ -271,7 +271,9 @@ class DispatcherCore:
     def _named_job(self, request) -> int | None:
         """The id of the job named in the request, if it exists and matches it. Call with self._lock held."""
         job = self._state.job_named(request.dataset_id, request.job_name) if request.job_name else None
-        if job is None:
+        if job is None or self._liveness.job_collected(job):
+            # A job nobody read for job_gc_timeout_ms is gone, as in TensorFlow's service: its
+            # name makes a new job.
             return None
         _check_same_job(job, request)
         return job.job_id

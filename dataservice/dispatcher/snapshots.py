@@ -184,7 +184,8 @@ class SnapshotCoordinator:
                 raise status.already_exists(f"tf.data snapshot at {path} has already started or completed")
         if dataset.metadata.cardinality == -1:
             raise status.invalid_argument(
-                f"distributed_save needs a finite dataset; dataset {request.dataset_id!r} is infinite (repeat())"
+                f"Saving an infinite dataset is not allowed: distributed_save needs a finite dataset; dataset "
+                f"{request.dataset_id!r} is infinite (repeat())"
             )
         graph_bytes = self._datasets.get(dataset.dataset_id)
         if graph_bytes is None:
@@ -197,7 +198,8 @@ class SnapshotCoordinator:
             raise status.invalid_argument(f"distributed_save splits the dataset among the workers: {e}") from None
         if any(size >= modes.INFINITE_SPLITS for size in sizes):
             raise status.invalid_argument(
-                f"distributed_save needs a finite dataset; a source of dataset {request.dataset_id!r} repeats "
+                "Saving an infinite dataset is not allowed: distributed_save needs a finite dataset; a source of "
+                f"dataset {request.dataset_id!r} repeats "
                 "for ever (repeat()), which distributed_save cannot split into chunks"
             )
         if layout.exists(path):
@@ -208,7 +210,7 @@ class SnapshotCoordinator:
         with self._lock:
             if self._state.snapshot(path) is not None:
                 raise status.already_exists(f"tf.data snapshot at {path} has already started or completed")
-            chunks = layout.num_chunks(sizes)
+            chunks = layout.num_chunks(sizes, streams=len(self._state.alive_workers()))
             self._commit(
                 start_snapshot=journal_pb2.StartSnapshotUpdate(
                     path=path,

@@ -344,8 +344,10 @@ class DispatcherState:
         del job.iterations[iteration.repetition]
         if not job.iterations:
             del self._jobs[job.job_id]
-            if job.job_name:
-                self._job_by_name.pop((job.dataset_id, job.job_name), None)
+            # The name may have gone to a newer job (the dispatcher makes one when a named job is
+            # collected): only this job's own entry goes.
+            if job.job_name and self._job_by_name.get((job.dataset_id, job.job_name)) == job.job_id:
+                del self._job_by_name[(job.dataset_id, job.job_name)]
 
     def _apply_produce_splits(self, u: journal_pb2.ProduceSplitsUpdate) -> None:
         iteration = self._iterations[u.iteration_id]
@@ -710,8 +712,8 @@ class DispatcherState:
         for job in self._jobs.values():
             check(job.job_id < self._next_ids["job"], f"job {job.job_id} is not below the next job id")
             check(
-                not job.job_name or self._job_by_name.get((job.dataset_id, job.job_name)) == job.job_id,
-                f"job {job.job_id}: its name {job.job_name!r} is not indexed",
+                not job.job_name or self._job_by_name.get((job.dataset_id, job.job_name), -1) >= job.job_id,
+                f"job {job.job_id}: its name {job.job_name!r} is indexed neither to it nor to a newer job",
             )
             for repetition, iteration_id in job.iterations.items():
                 iteration = self._iterations.get(iteration_id)

@@ -33,10 +33,7 @@ CHUNKS_DIR = "chunks"
 STREAMS_DIR = "streams"
 UNCOMMITTED_DIR = "uncommitted_chunks"
 
-# Chunks per snapshot: at least MIN_CHUNKS (for as many workers), fewer only when the sources
-# have fewer splits, and at most MAX_SPLITS_PER_CHUNK splits a chunk (a redone chunk repeats
-# at most that much work).
-MIN_CHUNKS = 16
+# A redone chunk (its worker lost) repeats at most this many splits' work.
 MAX_SPLITS_PER_CHUNK = 100_000
 
 # TensorFlow's names of the chunk files' compression, by distributed_save's argument.
@@ -45,9 +42,15 @@ COMPRESSIONS = {"AUTO": "SNAPPY", "SNAPPY": "SNAPPY", "GZIP": "GZIP", None: ""}
 _UNCOMMITTED_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
-def num_chunks(group_sizes: Sequence[int]) -> int:
+def num_chunks(group_sizes: Sequence[int], streams: int) -> int:
+    """How many chunks a snapshot is cut into: one per stream (`streams`, the workers there when
+    the save starts, at least one), as TensorFlow's service writes one stream per worker. A
+    chunk's pipeline runs once over the chunk's splits, so what it carries from element to
+    element (batch, enumerate, shuffle, scan) spans a stream's share of the dataset, as in
+    TensorFlow's streams, not a small slice of it. More chunks only where a source has more than
+    MAX_SPLITS_PER_CHUNK splits; fewer where the sources have fewer splits than streams."""
     largest = max(group_sizes, default=0)
-    return min(largest, max(MIN_CHUNKS, math.ceil(largest / MAX_SPLITS_PER_CHUNK)))
+    return min(largest, max(streams, 1, math.ceil(largest / MAX_SPLITS_PER_CHUNK)))
 
 
 def chunk_ranges(group_sizes: Sequence[int], chunks: int, index: int) -> list[tuple[int, int, int]]:

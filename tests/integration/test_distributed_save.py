@@ -3,6 +3,7 @@ also when a worker is killed or the dispatcher restarts mid-save."""
 
 import collections
 import concurrent.futures
+import glob
 import json
 import os
 import subprocess
@@ -187,14 +188,16 @@ def _committed(path):
     return len(os.listdir(chunks)) if os.path.isdir(chunks) else 0
 
 
-def _wait_for_chunks(path, count, timeout_s=60.0):
+def _wait_for_writes(path, count, timeout_s=60.0):
+    """Waits until `count` chunks are being written (a worker's file in each chunk's stream folder)."""
     deadline = time.monotonic() + timeout_s
-    while _committed(path) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} chunks committed at {path}"
+    pattern = os.path.join(path, "streams", "*", "uncommitted_chunks", "*")
+    while len({os.path.dirname(f) for f in glob.glob(pattern)}) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} chunks are being written at {path}"
         time.sleep(0.05)
 
 
-# 16 chunks of 150 elements at 2 ms each: about 0.3 s a chunk, 2.4 s in all on two workers.
+# One chunk per worker (two) of 1,200 elements at 2 ms each: about 2.4 s a chunk.
 SLOW = 2400
 
 
@@ -204,11 +207,12 @@ def test_a_killed_workers_chunk_is_redone_not_duplicated(tmp_path):
     try:
         path = str(tmp_path / "snapshot")
         service.distributed_save(elements(SLOW).apply(sleep(2000)), path, dispatcher.address)
-        _wait_for_chunks(path, 3)
+        _wait_for_writes(path, 2)
+        assert _committed(path) == 0
         workers[0].kill()  # SIGKILL: its chunk in progress is half-written
         replacement = _worker(dispatcher.address)
         wait_until_done(path)
-        assert _committed(path) == 16
+        assert _committed(path) == 2
         loaded = load_here(path)
         assert collections.Counter(loaded) == collections.Counter(range(SLOW))
     finally:
@@ -223,9 +227,9 @@ def test_a_restarted_dispatcher_resumes_the_save(tmp_path):
     try:
         path = str(tmp_path / "snapshot")
         service.distributed_save(elements(SLOW).apply(sleep(2000)), path, dispatcher.address)
-        _wait_for_chunks(path, 3)
+        _wait_for_writes(path, 2)
         dispatcher.kill()
-        assert _committed(path) < 16
+        assert _committed(path) < 2
         restarted = _dispatcher(tmp_path / "work", port=dispatcher.port)
         wait_until_done(path)
         loaded = load_here(path)

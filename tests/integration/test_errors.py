@@ -37,10 +37,10 @@ def _assert_still_serving(cluster):
 
 
 def test_unknown_dataset_id_is_not_found(cluster):
-    with pytest.raises(tf.errors.NotFoundError, match="dataset id 'nope' is not registered"):
+    with pytest.raises(tf.errors.NotFoundError, match="Dataset id nope not found: it is not registered"):
         service.from_dataset_id("parallel_epochs", cluster.target, "nope")
     # With an element_spec too: the id is checked here, not at the first element.
-    with pytest.raises(tf.errors.NotFoundError, match="dataset id 'nope' is not registered"):
+    with pytest.raises(tf.errors.NotFoundError, match="Dataset id nope not found: it is not registered"):
         service.from_dataset_id("parallel_epochs", cluster.target, "nope", element_spec=tf.TensorSpec([], tf.int64))
     _assert_still_serving(cluster)
 
@@ -139,6 +139,8 @@ def test_worker_without_dispatcher_fails_to_start():
         (dict(max_outstanding_requests=-2), "max_outstanding_requests"),
         (dict(max_outstanding_requests=True), "max_outstanding_requests"),
         (dict(dispatcher_timeout_ms=0), "dispatcher_timeout_ms"),
+        (dict(stream_timeout_ms=1000), "stream_timeout_ms must be an integer of at least 5000"),
+        (dict(stream_timeout_ms=7.5), "stream_timeout_ms"),
     ],
 )
 def test_invalid_distribute_arguments_are_value_errors(kwargs, message):

@@ -154,7 +154,7 @@ def test_a_named_job_is_shared_and_found_by_its_name_alone(np_cluster):
     assert sorted(reads["first"] + reads["second"]) == sorted(list(range(200)) * 2)
     assert reads["first"] and reads["second"]
     assert "no job named 'no-such-job'" in not_found["not_found"]
-    assert "dataset id 'no-such-dataset' is not registered" in unknown["unknown_dataset"]
+    assert "Dataset id no-such-dataset not found: it is not registered" in unknown["unknown_dataset"]
 
 
 def test_coordinated_reads_give_each_consumer_its_rounds(np_cluster):

@@ -91,6 +91,15 @@ def start_iteration(core, dataset_id, policy=OFF, job_name="", num_consumers=0, 
     return response
 
 
+def release(core, iteration) -> None:
+    """The client of `iteration` (start_iteration's answer) releases it."""
+    core.release_iteration_client(
+        dispatcher_pb2.ReleaseIterationClientRequest(
+            iteration_client_id=iteration.iteration_client_id, read_key=iteration.read_key
+        )
+    )
+
+
 # The read key each client of a core was given (read_keys.py), as a client keeps it.
 _READ_KEYS: dict[tuple[int, int], str] = {}
 

@@ -14,6 +14,7 @@ from dispatcher_helpers import (
     make_core,
     read_key,
     register,
+    release,
     splits,
     start_iteration,
     tasks_by_worker,
@@ -77,13 +78,19 @@ def test_splits_are_fair_shares_and_retries_get_the_same_range(clock, notifier):
     core.validate()
 
 
-def test_a_lost_workers_unstarted_range_goes_to_the_next_worker(clock, notifier):
+def _two_workers_in_a_distributed_epoch(clock, notifier):
+    """A core with workers w1 and w2 and a distributed_epoch iteration of range(1000): (core,
+    the iteration's client, its tasks by worker)."""
     core = make_core(clock, notifier)
     heartbeat(core, "w1:1")
     heartbeat(core, "w2:1")
     iteration = start_iteration(core, register(core, tf.data.Dataset.range(1000)), DYNAMIC)
+    return core, iteration, tasks_by_worker(core, iteration.iteration_client_id)
+
+
+def test_a_lost_workers_unstarted_range_goes_to_the_next_worker(clock, notifier):
+    core, iteration, tasks = _two_workers_in_a_distributed_epoch(clock, notifier)
     it = iteration.iteration_id
-    tasks = tasks_by_worker(core, iteration.iteration_client_id)
     splits(core, it, tasks["w2:1"], index=0)  # (0, 62) handed to w2
     splits(core, it, tasks["w2:1"], index=1)  # so (0, 62) started; (62, 120) handed, not started
     clock.advance(1.5)
@@ -188,6 +195,52 @@ def test_named_iterations_wait_job_gc_timeout_for_another_client(clock, notifier
     assert core.summary()["unfinished_iterations"] == 0
 
 
+def test_the_name_of_a_collected_job_makes_a_new_job(clock, notifier):
+    # TensorFlow's testGcAndRecreate: once a named job's idle iteration is ended (its tasks
+    # deleted), the next reader of the name gets a new job rather than the ended iteration.
+    core = make_core(clock, notifier)  # job_gc_timeout_ms: 5 s
+    heartbeat(core, "w1:1")
+    dataset_id = register(core, tf.data.Dataset.range(10))
+    first = start_iteration(core, dataset_id, job_name="again")
+    release(core, first)
+    clock.advance(1.0)
+    joined = start_iteration(core, dataset_id, job_name="again")
+    assert joined.iteration_id == first.iteration_id, "a reader within job_gc_timeout_ms joins the job"
+    release(core, joined)
+    clock.advance(5.5)
+    heartbeat(core, "w1:1", current=(1,))
+    core.collect_garbage()
+    assert core.summary()["unfinished_iterations"] == 0
+    second = start_iteration(core, dataset_id, job_name="again")
+    assert second.iteration_id != first.iteration_id
+    assert core.state.iteration(second.iteration_id).job_id != core.state.iteration(first.iteration_id).job_id
+    core.state.validate()
+    # A replay of the journal's updates names the newer job.
+    replayed = type(core.state).replay(core.state.to_updates())
+    assert replayed.job_named(dataset_id, "again").job_id == core.state.iteration(second.iteration_id).job_id
+    replayed.validate()
+
+
+def test_the_name_of_a_read_out_job_makes_a_new_job_after_job_gc_timeout(clock, notifier):
+    core = make_core(clock, notifier)  # job_gc_timeout_ms: 5 s
+    heartbeat(core, "w1:1")
+    dataset_id = register(core, tf.data.Dataset.range(10))
+    first = start_iteration(core, dataset_id, job_name="done")
+    client_heartbeat(core, first.iteration_client_id, consumed=(1,))  # read to its end
+    release(core, first)
+    assert core.summary()["unfinished_iterations"] == 0
+    core.collect_garbage()
+    clock.advance(1.0)
+    joined = start_iteration(core, dataset_id, job_name="done")
+    assert joined.iteration_id == first.iteration_id, "read out, and within job_gc_timeout_ms: the same job"
+    release(core, joined)
+    core.collect_garbage()
+    clock.advance(5.5)
+    heartbeat(core, "w1:1")
+    core.collect_garbage()
+    assert start_iteration(core, dataset_id, job_name="done").iteration_id != first.iteration_id
+
+
 def test_job_gc_timeout_minus_one_keeps_named_iterations_for_good(clock, notifier):
     core = make_core(clock, notifier, job_gc_timeout_ms=-1)
     heartbeat(core, "w1:1")
@@ -207,6 +260,57 @@ def test_job_gc_timeout_minus_one_keeps_named_iterations_for_good(clock, notifie
     # The anonymous iteration ended with its client; the named one waits for another.
     assert core.summary()["unfinished_iterations"] == 1
     assert [t.task_id for t in core.state.active_tasks_of_worker("w1:1")] == [1]
+
+
+def test_a_lost_task_asking_for_splits_is_told_it_was_lost(clock, notifier):
+    """A worker taken for lost that was alive after all (a partition healed) asks for its next
+    range, which would say its current one starts: that range went back to the pool, so the
+    answer is OUT_OF_RANGE (produce nothing more), not end_of_splits (produce what you hold)."""
+    core, iteration, tasks = _two_workers_in_a_distributed_epoch(clock, notifier)
+    it = iteration.iteration_id
+    held = splits(core, it, tasks["w2:1"], index=0)[:2]  # handed to w2, not started
+    for _ in range(2):  # w1 heartbeats, w2 falls silent and is removed
+        clock.advance(1.5)
+        heartbeat(core, "w1:1")
+    core.collect_garbage()
+    with pytest.raises(status.ServiceError) as info:
+        splits(core, it, tasks["w2:1"], index=1)
+    assert info.value.code == status.Code.OUT_OF_RANGE and "was lost" in info.value.message
+    assert splits(core, it, tasks["w1:1"], index=0)[:2] == held, "the unstarted range went to w1"
+    core.validate()
+
+
+def test_a_dispatcher_that_hears_from_no_one_takes_itself_for_cut_off(clock, notifier):
+    """Silence from every peer (the dispatcher's host partitioned, or the process paused) removes
+    no one; the first peer heard again gives every peer a fresh timeout; after it, a peer that
+    stays silent is removed as usual."""
+    core = make_core(clock, notifier)  # worker_timeout_ms 2 s, client_timeout_ms 3 s
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    client = start_iteration(core, register(core, tf.data.Dataset.range(10))).iteration_client_id
+    clock.advance(30.0)
+    core.collect_garbage()
+    assert core.summary()["alive_workers"] == 2 and core.summary()["iteration_clients"] == 1
+    heartbeat(core, "w1:1", current=(1,))  # the partition healed: w1 is heard first
+    core.collect_garbage()
+    assert core.summary()["alive_workers"] == 2, "w2 has a fresh timeout"
+    for _ in range(3):  # w1 and the client go on; w2 stays silent past its timeout
+        clock.advance(1.0)
+        heartbeat(core, "w1:1", current=(1,))
+        client_heartbeat(core, client)
+        core.collect_garbage()
+    assert core.summary()["alive_workers"] == 1
+    assert core.summary()["iteration_clients"] == 1
+    core.validate()
+
+
+def test_a_lone_silent_worker_is_removed(clock, notifier):
+    """With one peer, its silence and the dispatcher's isolation look alike: it times out."""
+    core = make_core(clock, notifier)
+    heartbeat(core, "w1:1")
+    clock.advance(3.0)
+    core.collect_garbage()
+    assert core.summary()["alive_workers"] == 0
 
 
 def test_a_silent_client_is_released_and_a_live_one_kept(clock, notifier):

@@ -1,6 +1,7 @@
 """distributed_save in the dispatcher core, without a server: chunk slicing, hand-out, commits
 that win once, lost workers, restarts, and hostile commit requests."""
 
+import itertools
 import os
 
 import pytest
@@ -18,9 +19,9 @@ from dataservice.v1 import dispatcher_pb2
 
 
 def test_chunk_ranges_cut_each_group_into_disjoint_covering_slices():
-    for sizes in ([10], [0], [1], [1000, 7], [100_000 * 40 + 3]):
-        chunks = layout.num_chunks(sizes)
-        assert chunks == min(max(sizes), max(layout.MIN_CHUNKS, -(-max(sizes) // layout.MAX_SPLITS_PER_CHUNK)))
+    for sizes, streams in itertools.product(([10], [0], [1], [1000, 7], [100_000 * 40 + 3]), (0, 1, 3, 16)):
+        chunks = layout.num_chunks(sizes, streams)
+        assert chunks == min(max(sizes), max(streams, 1, -(-max(sizes) // layout.MAX_SPLITS_PER_CHUNK)))
         for group, size in enumerate(sizes):
             covered = []
             for index in range(chunks):
@@ -70,8 +71,8 @@ def chunks_of(response):
 
 def test_chunks_go_one_per_worker_and_each_commits_once(tmp_path):
     core = make_core(tmp_path)
-    heartbeat(core, "w1:1")
-    heartbeat(core, "w2:1")
+    for worker in ("w1:1", "w2:1", "w3:1"):  # one chunk each (the third heartbeats no more)
+        heartbeat(core, worker)
     dataset_id = register(core, tf.data.Dataset.range(20))
     path = str(tmp_path / "snap")
     start(core, dataset_id, path)
@@ -84,7 +85,7 @@ def test_chunks_go_one_per_worker_and_each_commits_once(tmp_path):
     ]
     first, second = heartbeat(core, "w1:1"), heartbeat(core, "w2:1")
     assert chunks_of(first) == [0] and chunks_of(second) == [1]
-    assert [(r.begin, r.end) for r in first.snapshot_chunks[0].ranges] == [(0, 1)]
+    assert [(r.begin, r.end) for r in first.snapshot_chunks[0].ranges] == [(0, 6)]
     # Committing hands the worker its next chunk at once.
     write(path, 0)
     response = commit(core, "w1:1", path, 0)
@@ -107,8 +108,9 @@ def test_a_lost_workers_chunk_is_handed_out_again(tmp_path):
     start(core, register(core, tf.data.Dataset.range(20)), path)
     assert chunks_of(heartbeat(core, "w1:1")) == [0]
     assert chunks_of(heartbeat(core, "w2:1")) == [1]
-    clock.advance(3)
-    heartbeat(core, "w2:1", snapshot_chunks=[(path, 1)])
+    for _ in range(2):  # w2 heartbeats, w1 stays silent
+        clock.advance(1.5)
+        heartbeat(core, "w2:1", snapshot_chunks=[(path, 1)])
     core.collect_garbage()  # w1 is gone: chunk 0 is free again
     write(path, 1)
     assert [c.chunk_index for c in commit(core, "w2:1", path, 1).next_chunks] == [0]
@@ -120,9 +122,8 @@ def test_the_last_commit_writes_done_and_a_failure_writes_error(tmp_path):
     dataset_id = register(core, tf.data.Dataset.range(2))
     path, failing = str(tmp_path / "snap"), str(tmp_path / "failing")
     start(core, dataset_id, path)
-    for index in range(2):
-        write(path, index)
-        commit(core, "w1:1", path, index, records=1)
+    write(path, 0)
+    commit(core, "w1:1", path, 0, records=2)
     assert layout.done(path)
     start(core, dataset_id, failing)
     commit(core, "w1:1", failing, 0, name="", error_code=3, error_message="bad element")
@@ -134,7 +135,8 @@ def test_the_last_commit_writes_done_and_a_failure_writes_error(tmp_path):
 
 def test_after_a_restart_workers_keep_their_chunks_and_drop_committed_ones(tmp_path):
     core = make_core(tmp_path)
-    heartbeat(core, "w1:1")
+    for worker in range(1, 7):  # six chunks
+        heartbeat(core, f"w{worker}:1")
     path = str(tmp_path / "snap")
     start(core, register(core, tf.data.Dataset.range(20)), path)
     heartbeat(core, "w1:1")
