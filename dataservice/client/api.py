@@ -43,12 +43,35 @@ DatasetId: TypeAlias = str | bytes | int | tf.Tensor
 _not_converted = tf.autograph.experimental.do_not_convert
 
 
+def service_target(service: Any) -> addresses.Target:
+    """The dispatcher of a `service` argument, which may also be a string tensor or a
+    (protocol, address) pair of them (as register_dataset is called inside a tf.function): their
+    values are taken now (tf_internal.value_now)."""
+    if isinstance(service, tuple | list):
+        service = tuple(_tensor_str(part) for part in service)
+    else:
+        service = _tensor_str(service)
+    return addresses.parse_service(service)
+
+
+def _scalar_now(tensor: tf.Tensor) -> Any:
+    """A scalar tensor's value now as a Python value (in graph mode, a constant of the graph
+    being built, such as register_dataset's result: tf_internal.value_now)."""
+    value = tf_internal.value_now(tensor)
+    return value.item() if isinstance(value, np.ndarray | np.generic) else value
+
+
+def _tensor_str(value: Any) -> Any:
+    """A string tensor's value as str; anything else as it is."""
+    if not isinstance(value, tf.Tensor) or value.dtype != tf.string:
+        return value
+    value = _scalar_now(value)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _dataset_id_str(dataset_id: DatasetId) -> str:
     if isinstance(dataset_id, tf.Tensor):
-        # In graph mode, register_dataset's result is a constant of the graph, known now.
-        dataset_id = tf_internal.value_now(dataset_id)
-        if isinstance(dataset_id, np.ndarray | np.generic):
-            dataset_id = dataset_id.item()
+        dataset_id = _scalar_now(dataset_id)
     if isinstance(dataset_id, bytes):
         dataset_id = dataset_id.decode()
     if isinstance(dataset_id, int) and not isinstance(dataset_id, bool):
@@ -113,7 +136,7 @@ def register_dataset(
     The same pipeline registered twice gets the same id; a requested
     `dataset_id` is used as given.
     """
-    target = addresses.parse_service(service)
+    target = service_target(service)
     # An empty id, as None, asks the dispatcher for one (as TensorFlow's).
     requested = "" if dataset_id is None or dataset_id in ("", b"") else _dataset_id_str(dataset_id)
     return tf.constant(register_pipeline(target, dataset, compression, requested, timeout_s(dispatcher_timeout_ms)))
@@ -158,6 +181,7 @@ def _service_dataset(
                 options.data_transfer_protocol,
                 tls=target.tls,
                 resume_from=resume_from,
+                stream_timeout_s=options.stream_timeout_s,
             )
 
         dataset = SaveableStream(ChunkLayout(codec), open_reader, (MERGE_ELEMENTS, MERGE_BYTES), before_first).dataset()
@@ -195,10 +219,16 @@ def _coordinated_dataset(
 ) -> tf.data.Dataset:
     """Coordinated reads (consumer_index, num_consumers): a generator over the rounds, which
     tf.data cannot save in a checkpoint (as TensorFlow's). Each round gives this consumer one
-    element, so the generator yields element by element."""
+    element. The generator yields batches of one element, or of none when a wait for a round
+    came back empty (CoordinatedReader.rounds), unbatched behind a prefetch: tf.data's prefetch
+    thread returns between generator calls, so destroying an iterator (a trainer that stops
+    reading) does not wait for a round the other consumers will never ask for."""
     # Composite components (ragged, sparse) are rebuilt inside tf.data; plain tensors are
     # yielded in the element's own structure.
     composite = not codec.plain
+    specs = tuple(codec.component_specs) if composite else element_spec
+    flat_specs = tf.nest.flatten(specs)
+    nothing_yet = [np.zeros([0, *_known_dims(spec.shape)], spec.dtype.as_numpy_dtype) for spec in flat_specs]
 
     def structure(components: list) -> Any:
         return tuple(components) if composite else tf.nest.pack_sequence_as(element_spec, components)
@@ -216,15 +246,18 @@ def _coordinated_dataset(
             options.timeout_s,
             compression,
             tls=target.tls,
+            stream_timeout_s=options.stream_timeout_s,
         )
         try:
-            for chunk in reader:
+            for chunk in reader.rounds():
+                if chunk is None:
+                    yield structure(nothing_yet)
+                    continue
                 for i in range(chunk.num_elements):
-                    yield structure(element_at(chunk, i))
+                    yield structure([component[np.newaxis] for component in element_at(chunk, i)])
         finally:
             reader.close()
 
-    specs = tuple(codec.component_specs) if composite else element_spec
     # Types and shapes rather than output_signature: TensorFlow then calls the generator through
     # numpy_function with light checks, instead of eager_py_func and a conversion of every value
     # to an eager tensor (see _from_generator in TensorFlow; README, "Figures behind the defaults").
@@ -232,14 +265,19 @@ def _coordinated_dataset(
         dataset = tf.data.Dataset.from_generator(
             generate,
             output_types=tf.nest.map_structure(lambda spec: spec.dtype, specs),
-            output_shapes=tf.nest.map_structure(lambda spec: spec.shape, specs),
+            output_shapes=tf.nest.map_structure(lambda spec: tf.TensorShape([None]).concatenate(spec.shape), specs),
         )
-    dataset = _on_a_thread_of_its_own(dataset)
+    dataset = _on_a_thread_of_its_own(dataset.prefetch(1).unbatch())
     if composite:
         dataset = dataset.map(
             lambda *components: tf.nest.pack_sequence_as(element_spec, list(components), expand_composites=True)
         )
     return dataset
+
+
+def _known_dims(shape: tf.TensorShape) -> list[int]:
+    """The dimensions of an empty value of `shape` (unknown ones 0; none for an unknown rank)."""
+    return [] if shape.rank is None else [d or 0 for d in shape.as_list()]
 
 
 def _on_a_thread_of_its_own(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -273,13 +311,14 @@ def from_dataset_id(
     target_workers: str = "AUTO",
     *,
     dispatcher_timeout_ms: int | None = None,
+    stream_timeout_ms: int | None = None,
 ) -> tf.data.Dataset:
     """A dataset reading the registered dataset `dataset_id` from the service.
 
     Without `element_spec` the spec is the one registered with the dataset; an
     unknown id fails here, with NotFoundError.
     """
-    target = addresses.parse_service(service)
+    target = service_target(service)
     dataset_id = _dataset_id_str(dataset_id)
     options = ReadOptions(
         processing_mode,
@@ -291,6 +330,7 @@ def from_dataset_id(
         cross_trainer_cache,
         target_workers,
         dispatcher_timeout_ms,
+        stream_timeout_ms,
     )
     # Asked even with an element_spec given: an unknown id fails here, with NotFoundError (an
     # error raised while reading reaches the user re-typed by tf.data's numpy_function).
@@ -317,12 +357,17 @@ def distribute(
     target_workers: str = "AUTO",
     *,
     dispatcher_timeout_ms: int | None = None,
+    stream_timeout_ms: int | None = None,
 ) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
     """A transformation for Dataset.apply that moves the dataset's processing to the service.
 
+    Beyond TensorFlow's arguments: `dispatcher_timeout_ms`, how long calls to the dispatcher are
+    retried; `stream_timeout_ms`, after how long without a message (workers send a keepalive
+    every second) a worker's stream is taken for broken and connected again.
+
     >>> ds = tf.data.Dataset.range(10).apply(distribute("parallel_epochs", "grpc://localhost:5050"))
     """
-    target = addresses.parse_service(service)
+    target = service_target(service)
     compression_enum = modes.parse_compression(compression)
     options = ReadOptions(
         processing_mode,
@@ -334,6 +379,7 @@ def distribute(
         cross_trainer_cache,
         target_workers,
         dispatcher_timeout_ms,
+        stream_timeout_ms,
     )
 
     @_not_converted

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import grpc
 
 from dataservice import status
 from dataservice.client.reading_meter import ReadingMeter
 from dataservice.client.session import IterationSession, JobSpec
+from dataservice.config import DEFAULT_STREAM_TIMEOUT_MS
 from dataservice.rpc import errors, retrying
 from dataservice.rpc.channels import shared_channels
 from dataservice.rpc.tls import TlsFiles
@@ -27,6 +28,10 @@ from dataservice.transfer import grpc_service, wire
 from dataservice.transfer.chunk import Chunk
 from dataservice.transfer.wire import WireCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
+
+# About how long a wait for a round goes before rounds() yields None (a worker's own wait for
+# the other consumers is ROUND_WAIT_S, worker/streaming.py).
+TICK_S = 2.0
 
 
 class CoordinatedReader:
@@ -42,8 +47,12 @@ class CoordinatedReader:
         timeout_s: float,
         compression: common_pb2.Compression,
         tls: TlsFiles | None = None,
+        stream_timeout_s: float = DEFAULT_STREAM_TIMEOUT_MS / 1000,
     ):
         self.codec = codec
+        # A worker answers within a round's wait (not_ready when the other consumers are late):
+        # a call without an answer for this long is to a partitioned or frozen host.
+        self._call_timeout_s = stream_timeout_s
         self._tls = tls
         self._consumer_index = consumer_index
         self._timeout_s = timeout_s
@@ -84,12 +93,24 @@ class CoordinatedReader:
             self._changed.notify_all()
 
     def __iter__(self) -> Iterator[Chunk]:
+        for chunk in self.rounds():
+            if chunk is not None:
+                yield chunk
+
+    def rounds(self) -> Iterator[Chunk | None]:
+        """The consumer's elements (one-element chunks), with a None whenever a wait of about
+        TICK_S (for the other consumers, a grant, or a worker's answer) came back empty.
+
+        tf.data cannot cancel a call into Python, and destroys an iterator only once the call
+        it has in flight returns: an iterator that reads ahead, as tf.data's own prefetch does,
+        would otherwise wait forever for a round the consumers that stopped reading never ask
+        for. A caller inside tf.data returns to it at each None (client/api.py)."""
         while not self.session.stopped.is_set():
             self.meter.wait_started()
-            task = self._task_of_round(self._round)
+            task = yield from self._task_of_round(self._round)
             if task is None:
                 return
-            read = self._read(task, self._round)
+            read = yield from self._read(task, self._round)
             self._round += 1
             if read is None:
                 continue  # the task's worker was lost: everyone skips its rounds
@@ -100,37 +121,44 @@ class CoordinatedReader:
             self.meter.handed(chunk.num_elements, chunk.nbytes)
             yield chunk
 
-    def _task_of_round(self, round_index: int) -> common_pb2.TaskInfo | None:
+    def _task_of_round(self, round_index: int) -> Generator[None, None, common_pb2.TaskInfo | None]:
         """The task serving the round (lost ones included: their rounds are skipped, which
         also carries the consumers to the first round of a worker that replaces them);
-        waits for the dispatcher's grant and for a first task. None: the iteration is over."""
+        waits for the dispatcher's grant and for a first task, yielding every TICK_S of it.
+        None: the iteration is over."""
         deadline = time.monotonic() + self._timeout_s
-        with self._changed:
-            while True:
-                if self._error is not None:
-                    raise self._error
-                serving = sorted(
-                    (t for t in self._tasks.values() if t.starting_round <= round_index), key=lambda t: t.task_id
-                )
-                if self._iteration_finished and all(t.finished for t in serving):
-                    return None
-                if serving and round_index < self._round_limit:
-                    return serving[round_index % len(serving)]
-                if round_index >= self._round_limit and time.monotonic() > deadline:
-                    raise status.DeadlineExceededError(
-                        f"consumer {self._consumer_index}: the dispatcher granted no round beyond "
-                        f"{self._round_limit - 1} for {self._timeout_s:.0f} s"
+        while True:
+            tick = time.monotonic() + TICK_S
+            with self._changed:
+                while True:
+                    if self._error is not None:
+                        raise self._error
+                    serving = sorted(
+                        (t for t in self._tasks.values() if t.starting_round <= round_index), key=lambda t: t.task_id
                     )
-                self.session.wake()
-                self._changed.wait(0.2)
-                if self.session.stopped.is_set():
-                    return None
+                    if self._iteration_finished and all(t.finished for t in serving):
+                        return None
+                    if serving and round_index < self._round_limit:
+                        return serving[round_index % len(serving)]
+                    if round_index >= self._round_limit and time.monotonic() > deadline:
+                        raise status.DeadlineExceededError(
+                            f"consumer {self._consumer_index}: the dispatcher granted no round beyond "
+                            f"{self._round_limit - 1} for {self._timeout_s:.0f} s"
+                        )
+                    self.session.wake()
+                    self._changed.wait(0.2)
+                    if self.session.stopped.is_set():
+                        return None
+                    if time.monotonic() >= tick:
+                        break
+            yield None
 
     def _read(
         self, task: common_pb2.TaskInfo, round_index: int
-    ) -> tuple[worker_pb2.GetElementResponse, wire.FrameBuffers] | None:
+    ) -> Generator[None, None, tuple[worker_pb2.GetElementResponse, wire.FrameBuffers] | None]:
         """The consumer's element of the round (the frame's header and buffers); None when the
-        task's worker is lost."""
+        task's worker is lost. Yields after each try that brought nothing (a worker answers
+        not_ready within its round wait, about TICK_S)."""
         request = worker_pb2.GetElementRequest(
             task_id=task.task_id,
             iteration_client_id=self.client_id,
@@ -145,7 +173,7 @@ class CoordinatedReader:
             if self._task_lost(task.task_id):
                 return None
             try:
-                data = stub.GetElement(request, timeout=30)
+                data = stub.GetElement(request, timeout=self._call_timeout_s)
             except grpc.RpcError as e:
                 if e.code() not in errors.RETRYABLE_CODES and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise errors.client_error(
@@ -158,10 +186,12 @@ class CoordinatedReader:
                         e, f"reading round {round_index} of task {task.task_id} from worker {task.worker_address}"
                     ) from None
                 self.session.wake()
+                yield None
                 continue
             response, buffers = wire.unframe(data, worker_pb2.GetElementResponse)
             if response.not_ready:
-                continue  # the other consumers have not reached this round yet
+                yield None  # the other consumers have not reached this round yet
+                continue
             return response, buffers
         return None
 
