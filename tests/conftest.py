@@ -41,7 +41,13 @@ def in_process_cluster(num_workers: int = 1, **dispatcher_options) -> LocalClust
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--chaos-seconds", type=float, default=30.0, help="how long the chaos test kills and restarts servers (CI: 30)"
+        "--chaos-seconds",
+        type=float,
+        default=60.0,
+        help="how long the chaos test partitions, freezes and kills servers on test hosts (CI: 60)",
+    )
+    parser.addoption(
+        "--bench-all", action="store_true", help="the quick bench smoke test runs every workload (CI: not 3, 4, 15)"
     )
     parser.addoption("--chaos-seed", type=int, default=None, help="replay a chaos run (its seed is printed)")
     parser.addoption("--fuzz-rounds", type=int, default=1, help="how many times the fuzz test's inputs (CI: 1)")
@@ -49,28 +55,69 @@ def pytest_addoption(parser):
         "--soak-seconds", type=float, default=30.0, help="how long the soak test's clients run jobs (CI: 30)"
     )
     parser.addoption(
-        "--tensorflow-graph-conformance",
+        "--partition-seconds",
+        type=float,
+        default=30.0,
+        help="how long the partition tests keep a host partitioned or frozen (CI: 30)",
+    )
+    parser.addoption(
+        "--tensorflow-conformance",
         action="store_true",
-        help="also run the conformance scenarios on TensorFlow's own service in graph mode (CI: not)",
+        help="also run the conformance scenarios on TensorFlow's own service, eager and graph (CI: not)",
+    )
+
+
+def _on_tensorflows_service(item: pytest.Item) -> bool:
+    """A conformance scenario's run on TensorFlow's service (its `run` parameter is
+    ("tensorflow", mode), or its service parameter "tensorflow")."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or not item.nodeid.startswith("tests/integration/test_conformance"):
+        return False
+    return any(
+        value == "tensorflow" or (isinstance(value, tuple) and value[:1] == ("tensorflow",))
+        for value in callspec.params.values()
     )
 
 
 def pytest_collection_modifyitems(config, items):
-    """The conformance scenarios (test_conformance*.py) run on our service in eager and graph mode
-    and on TensorFlow's in eager mode; TensorFlow's graph-mode runs, its reference results for
-    graph mode (about 90 s more), only with --tensorflow-graph-conformance. Deselected, so the
-    summary counts them."""
-    if config.getoption("--tensorflow-graph-conformance"):
+    """The conformance scenarios (test_conformance*.py) run on our service in eager and graph
+    mode in every run; their runs on TensorFlow's service, its reference results that show
+    where the two differ (about 140 s in eager mode, 110 s more in graph mode), only with
+    --tensorflow-conformance. Deselected, so the summary counts them."""
+    if config.getoption("--tensorflow-conformance"):
         return
-    dropped = [
-        item
-        for item in items
-        if getattr(item, "callspec", None) is not None and item.callspec.params.get("run") == ("tensorflow", "graph")
-    ]
+    dropped = [item for item in items if _on_tensorflows_service(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         drop = set(dropped)
         items[:] = [item for item in items if item not in drop]
+
+
+@pytest.fixture
+def report_figures(request):
+    """report_figures(text): a figure the test measured (elements lost, a stall, memory), listed in the
+    run's summary: the tests run in pytest-xdist's worker processes, whose output is not shown."""
+
+    def report(text: str) -> None:
+        request.node.user_properties.append(("figures", text.strip("\n")))
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The figures tests reported (the `report_figures` fixture), each under its test's id."""
+    lines = [
+        f"{report.nodeid}: {value}"
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == "figures"
+    ]
+    if lines:
+        terminalreporter.section("figures measured")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,11 @@ also when a test fails. Traffic goes only to the addresses of the subnet made he
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Sequence
 
@@ -23,17 +25,19 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
-def unavailable_reason() -> str | None:
-    """Why test hosts cannot be made here, or None."""
+def unavailable_reason(firewall: bool = False) -> str | None:
+    """Why test hosts cannot be made here (with `firewall`: or cut from each other), or None."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         return "test hosts need root and iproute2's ip (network namespaces)"
+    if firewall and shutil.which("nft") is None:
+        return "cutting two test hosts apart needs nftables' nft (apt-get install nftables; CI installs it)"
     return None
 
 
-def require_test_hosts() -> None:
-    """Skips the test where test hosts cannot be made; fails it under CI=true, so CI cannot pass
-    without running it."""
-    reason = unavailable_reason()
+def require_test_hosts(firewall: bool = False) -> None:
+    """Skips the test where test hosts cannot be made (with `firewall`: or cut from each other);
+    fails it under CI=true, so CI cannot pass without running it."""
+    reason = unavailable_reason(firewall)
     if reason is None:
         return
     if os.environ.get("CI") == "true":
@@ -53,6 +57,31 @@ class Host:
     def launcher(self) -> list[str]:
         """The command prefix that runs a program on this host."""
         return ["ip", "netns", "exec", self.namespace]
+
+
+def freeze(pid: int) -> None:
+    """Stops a process (SIGSTOP) as a hung host would: its connections stay open and its
+    kernel still answers them, but nothing it should send comes."""
+    os.kill(pid, signal.SIGSTOP)
+
+
+def thaw(pid: int) -> None:
+    """Lets a frozen process run on (SIGCONT)."""
+    os.kill(pid, signal.SIGCONT)
+
+
+_LOCK_FILE = "/tmp/dataservice-test-hosts.lock"
+
+
+def _free_subnet(tag: int) -> str:
+    """A 10.214.<n> subnet no address of this machine is in (from n = tag % 250 on)."""
+    listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=30).stdout
+    taken = set(re.findall(r"inet 10\.214\.(\d+)\.", listing))
+    for step in range(250):
+        n = (tag + step) % 250
+        if str(n) not in taken:
+            return f"10.214.{n}"
+    raise RuntimeError("every 10.214.<n>.0/24 test subnet is taken: remove leftover ds* links")
 
 
 def _remove_leftovers() -> None:
@@ -78,15 +107,25 @@ class TestHosts:
     __test__ = False  # not a test class
 
     def __init__(self, names: Sequence[str]):
-        _remove_leftovers()
         tag = os.getpid()
-        self._subnet = f"10.214.{tag % 250}"
-        self.here = f"{self._subnet}.1"
         self._bridge = f"dsbr{tag}"
         self.hosts: dict[str, Host] = {}
-        _ip("link", "add", self._bridge, "type", "bridge")
+        # Per host, the hosts it is cut from (cut()).
+        self._cut: dict[str, set[str]] = {}
+        # Test processes side by side (pytest-xdist) each make hosts: the subnet is chosen, and
+        # the bridge given its address, under a lock, so that no two take the same subnet.
+        with open(_LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _remove_leftovers()
+            self._subnet = _free_subnet(tag)
+            self.here = f"{self._subnet}.1"
+            _ip("link", "add", self._bridge, "type", "bridge")
+            try:
+                _ip("addr", "add", f"{self.here}/24", "dev", self._bridge)
+            except BaseException:
+                _ip("link", "del", self._bridge)
+                raise
         try:
-            _ip("addr", "add", f"{self.here}/24", "dev", self._bridge)
             _ip("link", "set", self._bridge, "up")
             for number, name in enumerate(names, start=2):
                 self._add(name, number, tag)
@@ -117,6 +156,42 @@ class TestHosts:
 
     def heal(self, name: str) -> None:
         _ip("link", "set", self.hosts[name].bridge_port, "up")
+
+    def cut(self, first: str, second: str) -> None:
+        """Cuts two hosts apart, silently (a firewall in each drops the other's packets both
+        ways); each still reaches every other host and this process."""
+        self._cut.setdefault(first, set()).add(second)
+        self._cut.setdefault(second, set()).add(first)
+        self._apply_cuts(first)
+        self._apply_cuts(second)
+
+    def mend(self, first: str, second: str) -> None:
+        """Undoes cut(first, second)."""
+        self._cut.get(first, set()).discard(second)
+        self._cut.get(second, set()).discard(first)
+        self._apply_cuts(first)
+        self._apply_cuts(second)
+
+    def _apply_cuts(self, name: str) -> None:
+        """Replaces the host's firewall table (nftables, in its namespace) with one dropping
+        what goes to or comes from the hosts it is cut from."""
+        peers = ", ".join(self.hosts[peer].address for peer in sorted(self._cut.get(name, ())))
+        script = "add table inet dstest\ndelete table inet dstest\n"
+        if peers:
+            script += (
+                "table inet dstest {\n"
+                f"  chain out {{ type filter hook output priority 0; ip daddr {{ {peers} }} drop; }}\n"
+                f"  chain in {{ type filter hook input priority 0; ip saddr {{ {peers} }} drop; }}\n"
+                "}\n"
+            )
+        subprocess.run(
+            ["ip", "netns", "exec", self.hosts[name].namespace, "nft", "-f", "-"],
+            input=script,
+            text=True,
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
     def close(self) -> None:
         # Each veth pair first, while its far end's namespace lives: deleted after the namespace,

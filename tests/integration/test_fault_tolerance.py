@@ -81,7 +81,7 @@ def test_worker_added_mid_job(ft_cluster):
     assert collections.Counter(got) == {i: 1 for i in range(900)}
 
 
-def test_worker_killed_mid_distributed_epoch(capsys):
+def test_worker_killed_mid_distributed_epoch(report_figures):
     cluster = LocalCluster(
         num_workers=3, fault_tolerant_mode=True, dispatcher_options=_DISPATCHER_OPTIONS, worker_options=_WORKER_OPTIONS
     )
@@ -97,8 +97,7 @@ def test_worker_killed_mid_distributed_epoch(capsys):
         counts = collections.Counter(got)
         assert max(counts.values()) == 1, "an element was delivered twice"
         lost = n - len(counts)
-        with capsys.disabled():
-            print(f"\nworker killed mid distributed_epoch: {len(counts)} of {n} elements delivered, {lost} lost")
+        report_figures(f"\nworker killed mid distributed_epoch: {len(counts)} of {n} elements delivered, {lost} lost")
         # At most the ranges the dead worker had started: a small part of the epoch.
         assert lost < n // 3
     finally:
@@ -127,7 +126,7 @@ def test_dispatcher_and_workers_restarted_together():
         cluster.stop()
 
 
-def test_worker_restarted_at_its_address_mid_distributed_epoch(capsys):
+def test_worker_restarted_at_its_address_mid_distributed_epoch(report_figures):
     """A worker SIGKILLed and started again at the same address (as a StatefulSet pod is) long before
     worker_timeout_ms: the dispatcher sees a new process, its old tasks are lost and their unstarted
     splits re-issued, it gets a task for the running iteration, and the client does not wait on the
@@ -173,8 +172,7 @@ def test_worker_restarted_at_its_address_mid_distributed_epoch(capsys):
         counts = collections.Counter(got)
         assert max(counts.values()) == 1, "an element was delivered twice"
         lost = n - len(counts)
-        with capsys.disabled():
-            print(f"\nworker restarted at its address: {len(counts)} of {n} delivered, {lost} lost, {elapsed:.1f} s")
+        report_figures(f"worker restarted at its address: {len(counts)} of {n} delivered, {lost} lost, {elapsed:.1f} s")
         assert lost < n // 4
         assert elapsed < 60, "the client waited for the old worker's timeout"
         summary = cluster.dispatcher.state_summary()
