@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import select
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.data.experimental.ops import data_service_ops
 
 import dataservice as service
 from dataservice.local_cluster import LocalCluster
@@ -44,7 +47,7 @@ eager_only = pytest.mark.parametrize(
 # number of workers, null, or {"error": ...} when a server does not start. It serves until its
 # stdin closes (the module's end, or the test process's).
 _TENSORFLOW_SERVICE = """
-import json, os, sys, tempfile
+import json, os, sys, tempfile, threading, time
 import tensorflow as tf
 from tensorflow.core.protobuf import service_config_pb2
 
@@ -58,9 +61,19 @@ class Cluster:
         )
         if command.get("fault_tolerant"):
             self.options.update(work_dir=tempfile.mkdtemp(), fault_tolerant_mode=True)
-        self.dispatcher = S.DispatchServer(S.DispatcherConfig(port=command.get("port", 0), **self.options))
+        self.options.update(command.get("dispatcher_options") or {})
+        self.dispatcher = S.DispatchServer(self.config(command.get("port", 0)))
         self.address = self.dispatcher.target.split("://")[1]
         self.workers = [self.start_worker(tags) for tags in command["workers"]]
+
+    def config(self, port):
+        # Fields the Python DispatcherConfig lacks (client_timeout_ms) go in the proto, as
+        # TensorFlow's own tests pass them.
+        fields = set(S.DispatcherConfig._fields)
+        if all(name in fields for name in self.options):
+            return S.DispatcherConfig(port=port, **self.options)
+        options = {k: v for k, v in self.options.items() if v is not None}
+        return service_config_pb2.DispatcherConfig(port=port, protocol="grpc", **options)
 
     def start_worker(self, tags, port=0):
         defaults = S.WorkerConfig(dispatcher_address=self.address)
@@ -75,7 +88,7 @@ class Cluster:
     def restart_dispatcher(self):
         port = int(self.address.split(":")[-1])
         self.dispatcher._stop()
-        self.dispatcher = S.DispatchServer(S.DispatcherConfig(port=port, **self.options))
+        self.dispatcher = S.DispatchServer(self.config(port))
 
     def restart_worker(self, index, same_port):
         port = int(self.workers[index]._address.split(":")[-1]) if same_port else 0
@@ -83,6 +96,12 @@ class Cluster:
         self.workers[index] = self.start_worker([], port)
 
 clusters = []
+started_late = []
+
+def start_late(command):
+    time.sleep(command["delay_s"])
+    started_late.append(Cluster(command))
+
 print("ready", flush=True)
 for line in sys.stdin:
     command = json.loads(line)
@@ -91,6 +110,8 @@ for line in sys.stdin:
         if command["do"] == "cluster":
             clusters.append(Cluster(command))
             answer = [len(clusters) - 1, clusters[-1].dispatcher.target]
+        elif command["do"] == "cluster_later":
+            threading.Thread(target=start_late, args=(command,), daemon=True).start()
         else:
             cluster = clusters[command["cluster"]]
             if command["do"] == "add":
@@ -106,6 +127,8 @@ for line in sys.stdin:
                 cluster.workers[command["index"]]._stop()
             elif command["do"] == "num_workers":
                 answer = cluster.dispatcher._num_workers()
+            elif command["do"] == "num_tasks":
+                answer = sum(worker._num_tasks() for worker in cluster.workers)
     except Exception as e:
         answer = {"error": f"{type(e).__name__}: {e}"}
     print(json.dumps(answer), flush=True)
@@ -173,11 +196,13 @@ class TensorFlowService:
         worker_tags: Sequence[Sequence[str]] | None = None,
         worker_addresses: Sequence[str] | None = None,
         fault_tolerant: bool = False,
+        dispatcher_options: dict | None = None,
     ) -> TensorFlowCluster:
         """A dispatcher (with a static sharding list, `worker_addresses`, if given; with a
-        work_dir and in fault-tolerant mode if `fault_tolerant`) and a worker for each entry of
-        `worker_tags` (its tags), or `num_workers` untagged ones, each with a cross-trainer cache
-        of `cache_bytes` if given."""
+        work_dir and in fault-tolerant mode if `fault_tolerant`; with `dispatcher_options`,
+        DispatcherConfig fields, over the defaults) and a worker for each entry of `worker_tags`
+        (its tags), or `num_workers` untagged ones, each with a cross-trainer cache of
+        `cache_bytes` if given."""
         tags = [list(t) for t in worker_tags] if worker_tags is not None else [[] for _ in range(num_workers)]
         number, target = self.ask(
             do="cluster",
@@ -185,8 +210,22 @@ class TensorFlowService:
             cache_bytes=cache_bytes,
             worker_addresses=worker_addresses,
             fault_tolerant=fault_tolerant,
+            dispatcher_options=dispatcher_options,
         )
         return TensorFlowCluster(self, number, target)
+
+    def cluster_later(self, port: int, delay_s: float, num_workers: int = 1) -> str:
+        """A cluster as cluster() makes it, its dispatcher at `port`, started `delay_s` from now
+        (in the background); its target."""
+        self.ask(
+            do="cluster_later",
+            port=port,
+            delay_s=delay_s,
+            workers=[[] for _ in range(num_workers)],
+            cache_bytes=None,
+            worker_addresses=None,
+        )
+        return f"grpc://localhost:{port}"
 
     def stop(self) -> None:
         self._process.stop()
@@ -221,12 +260,30 @@ class TensorFlowCluster:
     def num_workers(self) -> int:
         return self._service.ask(do="num_workers", cluster=self._number)
 
+    def num_tasks(self) -> int:
+        """The tasks the cluster's workers run, all together."""
+        return self._service.ask(do="num_tasks", cluster=self._number)
+
     def stop(self) -> None:
         """Nothing: the service's process ends with the module (stopping TensorFlow's servers
         waits for reads in flight; a dropped coordinated-read iterator held a teardown for minutes)."""
 
 
+# TensorFlow's client asks its dispatcher for new tasks every this often in TensorFlow's own tests
+# (their test_base.py reads its service through the private `_distribute` with this hint; its
+# from_dataset_id cases use the public function and its default, a second).
+_TENSORFLOW_TASK_REFRESH_MS = 20
+
+
 def distribute_of(which: str):
+    """`distribute` of the service, TensorFlow's as its tests call it."""
+    if which == "ours":
+        return service.distribute
+    return functools.partial(data_service_ops._distribute, task_refresh_interval_hint_ms=_TENSORFLOW_TASK_REFRESH_MS)
+
+
+def public_distribute_of(which: str):
+    """`distribute` of the service as users call it (its argument checks are in the public function)."""
     return service.distribute if which == "ours" else tf.data.experimental.service.distribute
 
 
@@ -284,6 +341,25 @@ def read_dataset(
                     return out
 
 
+def scenario_reader(which: str, mode: str, clusters: Callable[..., Any]) -> Callable[..., list]:
+    """A scenario's reader of `which` service in `mode`: run(pipeline, num_workers, limit=None,
+    **distribute_kwargs) -> elements (distributed_epoch unless told), with run.service, run.mode
+    and run.cluster(num_workers, **cluster_options) (`clusters` is a cluster_pool's get)."""
+
+    def run(pipeline: Callable[[], tf.data.Dataset], num_workers: int, limit: int | None = None, **kwargs) -> list:
+        cluster = clusters(which, num_workers)
+        kwargs.setdefault("processing_mode", "distributed_epoch")
+
+        def make() -> tf.data.Dataset:
+            return pipeline().apply(distribute_of(which)(service=cluster.target, **kwargs))
+
+        return read_dataset(make, mode, limit)
+
+    run.service, run.mode = which, mode  # type: ignore[attr-defined]
+    run.cluster = lambda num_workers, **options: clusters(which, num_workers, **options)  # type: ignore[attr-defined]
+    return run
+
+
 def same_items(got: list, expected: list) -> None:
     assert collections.Counter(got) == collections.Counter(expected), (sorted(got)[:20], sorted(expected)[:20])
 
@@ -307,25 +383,41 @@ def write_record_files(directory, num_files: int, num_records: int) -> list[str]
 
 @contextlib.contextmanager
 def cluster_pool() -> Iterator[Callable[..., object]]:
-    """get(service, num_workers, cache_bytes=None) -> a cluster made when a scenario first asks and
-    shared by the module's scenarios after: ours in this process (workers heartbeating every
-    200 ms, with a cross-trainer cache of `cache_bytes` if given), TensorFlow's in one
-    TensorFlowService process. All stopped when the pool closes."""
-    made: dict[tuple[str, int, int | None], object] = {}
+    """get(service, num_workers, cache_bytes=None, fault_tolerant=False, dispatcher_options=None)
+    -> a cluster made when a scenario first asks and shared by the module's scenarios after: ours
+    in this process (workers heartbeating every 200 ms, with a cross-trainer cache of
+    `cache_bytes` if given), TensorFlow's in one TensorFlowService process; `fault_tolerant`: its
+    dispatcher has a work_dir and journals; `dispatcher_options`: DispatcherConfig fields. All
+    stopped when the pool closes."""
+    made: dict[tuple, object] = {}
     tensorflow: list[TensorFlowService] = []
 
-    def get(which: str, num_workers: int, cache_bytes: int | None = None):
-        key = (which, num_workers, cache_bytes)
+    def get(
+        which: str,
+        num_workers: int,
+        cache_bytes: int | None = None,
+        fault_tolerant: bool = False,
+        dispatcher_options: dict | None = None,
+    ):
+        key = (which, num_workers, cache_bytes, fault_tolerant, tuple(sorted((dispatcher_options or {}).items())))
         if key not in made:
             if which == "tensorflow":
                 if not tensorflow:
                     tensorflow.append(TensorFlowService())
-                made[key] = tensorflow[0].cluster(num_workers, cache_bytes)
+                made[key] = tensorflow[0].cluster(
+                    num_workers, cache_bytes, fault_tolerant=fault_tolerant, dispatcher_options=dispatcher_options
+                )
             else:
                 options: dict = {"heartbeat_interval_ms": 200}
                 if cache_bytes is not None:
                     options["cross_trainer_cache_size_bytes"] = cache_bytes
-                made[key] = LocalCluster(num_workers, processes=False, worker_options=options)
+                made[key] = LocalCluster(
+                    num_workers,
+                    processes=False,
+                    worker_options=options,
+                    dispatcher_options=dispatcher_options or {},
+                    fault_tolerant_mode=fault_tolerant,
+                )
         return made[key]
 
     try:
@@ -334,6 +426,24 @@ def cluster_pool() -> Iterator[Callable[..., object]]:
         for cluster in made.values():
             cluster.stop()
         for process in tensorflow:
+            process.stop()
+
+
+@contextlib.contextmanager
+def tensorflow_service_on_demand() -> Iterator[Callable[[], TensorFlowService]]:
+    """get() -> the one TensorFlowService of a module, started when a scenario first asks;
+    stopped when the context ends."""
+    made: list[TensorFlowService] = []
+
+    def get() -> TensorFlowService:
+        if not made:
+            made.append(TensorFlowService())
+        return made[0]
+
+    try:
+        yield get
+    finally:
+        for process in made:
             process.stop()
 
 

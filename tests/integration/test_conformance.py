@@ -17,9 +17,11 @@ from conformance import (
     distribute_of,
     eager_only,
     from_dataset_id_of,
+    public_distribute_of,
     read_dataset,
     register_dataset_of,
     same_items,
+    scenario_reader,
     unique_name,
     write_record_files,
 )
@@ -40,20 +42,7 @@ def clusters():
 @pytest.fixture(params=[(s, m) for s in SERVICES for m in MODES], ids=lambda p: f"{p[0]}-{p[1]}")
 def run(request, clusters):
     """A scenario's reader: run(pipeline, num_workers, limit=None, **distribute_kwargs) -> elements."""
-    which, mode = request.param
-
-    def read(pipeline: Callable[[], tf.data.Dataset], num_workers: int, limit: int | None = None, **kwargs) -> list:
-        cluster = clusters(which, num_workers)
-        kwargs.setdefault("processing_mode", "distributed_epoch")
-
-        def make() -> tf.data.Dataset:
-            return pipeline().apply(distribute_of(which)(service=cluster.target, **kwargs))
-
-        return read_dataset(make, mode, limit)
-
-    read.service, read.mode = which, mode
-    read.cluster = lambda num_workers: clusters(which, num_workers)
-    return read
+    return scenario_reader(*request.param, clusters)
 
 
 # ---- distributed_epoch_test.py ------------------------------------------------------------------
@@ -405,7 +394,7 @@ def test_bad_arguments_are_value_errors(run, kwargs, error):
     naming the argument (in words of its own; TensorFlow's are matched by its tests)."""
     arguments = {"processing_mode": "parallel_epochs", "service": run.cluster(1).target, **kwargs}
     with pytest.raises(ValueError, match=error):
-        tf.data.Dataset.range(10).apply(distribute_of(run.service)(**arguments))
+        tf.data.Dataset.range(10).apply(public_distribute_of(run.service)(**arguments))
 
 
 def test_batches_larger_than_the_dataset(run):

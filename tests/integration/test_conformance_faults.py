@@ -6,12 +6,16 @@ process, TensorFlow's in its service's process."""
 
 from __future__ import annotations
 
+import shutil
+import socket
+import tempfile
+import threading
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conformance import SERVICES, TensorFlowService, distribute_of, same_items
+from conformance import SERVICES, TensorFlowService, distribute_of, same_items, tensorflow_service_on_demand
 from conftest import wait_for_workers
 
 import dataservice as service
@@ -75,18 +79,46 @@ class _TheirCluster:
         """(Its servers end with the service's process.)"""
 
 
+class _OurLateCluster:
+    """A fault-tolerant dispatcher at `port` and a worker, started `delay_s` from now in the
+    background, as TensorFlow's test starts its servers."""
+
+    def __init__(self, port: int, delay_s: float, work_dir: str):
+        self.target = f"grpc://localhost:{port}"
+        self._work_dir = work_dir
+        self._servers: list = []
+        self._thread = threading.Thread(target=self._start, args=(port, delay_s, work_dir), daemon=True)
+        self._thread.start()
+
+    def _start(self, port: int, delay_s: float, work_dir: str) -> None:
+        time.sleep(delay_s)
+        self._servers.append(
+            service.DispatchServer(service.DispatcherConfig(port=port, work_dir=work_dir, fault_tolerant_mode=True))
+        )
+        self._servers.append(
+            service.WorkerServer(
+                service.WorkerConfig(dispatcher_address=f"localhost:{port}", heartbeat_interval_ms=200)
+            )
+        )
+
+    def stop(self) -> None:
+        self._thread.join(60)
+        for server in reversed(self._servers):
+            server.stop()
+        shutil.rmtree(self._work_dir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    """A port nothing listens on now (as TensorFlow's test picks one with portpicker)."""
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def tensorflow_service():
-    made: list[TensorFlowService] = []
-
-    def get() -> TensorFlowService:
-        if not made:
-            made.append(TensorFlowService())
-        return made[0]
-
-    yield get
-    for process in made:
-        process.stop()
+    with tensorflow_service_on_demand() as get:
+        yield get
 
 
 @pytest.fixture(params=SERVICES)
@@ -107,6 +139,15 @@ def side(request, tensorflow_service):
             return made[-1]
 
         @staticmethod
+        def cluster_later(delay_s: float):
+            """A cluster of one worker whose servers start `delay_s` from now; its target."""
+            port = _free_port()
+            if which == "tensorflow":
+                return tensorflow_service().cluster_later(port, delay_s)
+            made.append(_OurLateCluster(port, delay_s, tempfile.mkdtemp(prefix="late-cluster-")))
+            return made[-1].target
+
+        @staticmethod
         def distribute(dataset: tf.data.Dataset, cluster, **kwargs) -> tf.data.Dataset:
             kwargs.setdefault("processing_mode", "parallel_epochs")
             return dataset.apply(distribute_of(which)(service=cluster.target, **kwargs))
@@ -122,6 +163,16 @@ def _range(side, n: int, cluster, **kwargs) -> tf.data.Dataset:
 
 def _all(dataset) -> list[int]:
     return [int(e) for e in dataset]
+
+
+def test_servers_started_after_the_dataset_is_made(side):
+    """testStartServersLate: the dataset is made, and read, while the dispatcher and worker are
+    still to start (half a second later): the client waits for them instead of failing."""
+    target = side.cluster_later(0.5)
+    dataset = tf.data.Dataset.range(10).apply(
+        distribute_of(side.service)(processing_mode="parallel_epochs", service=target)
+    )
+    assert _all(dataset) == list(range(10))
 
 
 def test_reading_goes_on_after_the_dispatcher_stops(side):

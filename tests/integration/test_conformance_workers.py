@@ -159,12 +159,20 @@ class _OurCluster:
             return
         self._remote_host().add_worker(self.dispatcher.port, tags)
 
-    def stop(self) -> None:
-        """(Its remote workers stop with the test host's process, after every cluster.) No grace
-        for streams in flight: the scenarios are over."""
-        for worker in self.local_workers:
-            worker.stop(grace_s=0)
-        self.dispatcher.stop(grace_s=0)
+    def stop(self) -> list[threading.Thread]:
+        """Stops the local workers and the dispatcher on a thread, for the caller to wait for a
+        while (a worker stopping joins its tasks' threads, some blocked in a pipeline that reads
+        a stopped cluster). (Its remote workers stop with the test host's process, after every
+        cluster.) No grace for streams in flight: the scenarios are over."""
+
+        def stop() -> None:
+            for worker in self.local_workers:
+                worker.stop(grace_s=0)
+            self.dispatcher.stop(grace_s=0)
+
+        thread = threading.Thread(target=stop, daemon=True)
+        thread.start()
+        return [thread]
 
 
 class _TheirCluster:
