@@ -76,6 +76,8 @@ from dataservice.v1 import journal_pb2
 
 tf_service = tf.data.experimental.service
 ALL_WORKLOADS = list(range(1, 17))
+# The workloads that read two workers and more per service (a second worker is started for them).
+TWO_WORKER_WORKLOADS = frozenset({3, 4, 15})
 # What a measurement gives: one value, or values by metric name.
 Measured = float | dict[str, float]
 
@@ -155,6 +157,8 @@ _SYSTEMS = {"tf.data service": _TFCluster, "dataservice": _OurCluster}
 
 def _side_by_side(factories: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     """What each factory makes, made at once (each starts processes, mostly importing TensorFlow)."""
+    if not factories:
+        return {}
     with concurrent.futures.ThreadPoolExecutor(len(factories)) as pool:
         futures = {name: pool.submit(factory) for name, factory in factories.items()}
     return {name: future.result() for name, future in futures.items()}
@@ -494,8 +498,9 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
                 lambda ds: _count(ds)["elements_per_s"],
                 repeats=repeats,
             )
-        _add_workers(clusters, 1)
-        bench.warm_up(clusters)
+        if TWO_WORKER_WORKLOADS & set(workloads):
+            _add_workers(clusters, 1)
+            bench.warm_up(clusters)
         if 3 in workloads:
             n_split = {"tf.data service": int(200_000 * scale) or 5000, "other": int(2_000_000 * scale) or 50_000}
             bench.compare(
