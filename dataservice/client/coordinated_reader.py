@@ -64,6 +64,7 @@ class CoordinatedReader:
         self._error: BaseException | None = None
         self._changed = threading.Condition()
         self._stubs: dict[str, grpc_service.WorkerDataStub] = {}
+        self._channels: list[grpc.Channel] = []
         self.meter = ReadingMeter()
         self.session = IterationSession(
             dispatcher_address,
@@ -203,10 +204,12 @@ class CoordinatedReader:
     def _stub(self, address: str) -> grpc_service.WorkerDataStub:
         stub = self._stubs.get(address)
         if stub is None:
-            stub = self._stubs[address] = grpc_service.WorkerDataStub(shared_channels.acquire(address, self._tls))
+            channel = shared_channels.acquire(address, self._tls)
+            self._channels.append(channel)
+            stub = self._stubs[address] = grpc_service.WorkerDataStub(channel)
         return stub
 
     def close(self) -> None:
         self.session.close()
-        for address in self._stubs:
-            shared_channels.release(address, self._tls)
+        for channel in self._channels:
+            shared_channels.release(channel)

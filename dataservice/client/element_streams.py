@@ -76,7 +76,8 @@ class GrpcElementStream:
     def __init__(self, address: str, requests: Requests, tls: TlsFiles | None = None):
         self._address = address
         self._tls = tls
-        self._call = grpc_service.WorkerDataStub(shared_channels.acquire(address, tls)).StreamElements(requests)
+        self._channel = shared_channels.acquire(address, tls)
+        self._call = grpc_service.WorkerDataStub(self._channel).StreamElements(requests)
 
     def __iter__(self) -> Iterator[Response]:
         try:
@@ -90,7 +91,7 @@ class GrpcElementStream:
 
     def close(self) -> None:
         self._call.cancel()
-        shared_channels.release(self._address, self._tls)
+        shared_channels.release(self._channel)
 
 
 class LocalElementStream:

@@ -1,5 +1,5 @@
 """gRPC channels: message limits raised so that any element fits, and channels that a
-client process shares between its readers, one per address.
+client process shares between its readers, one per address (and TLS files and token).
 
 A new channel pays a TCP and HTTP/2 handshake on its first call (several ms
 on loopback, more across hosts), and a training loop opens an iteration per
@@ -34,7 +34,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 MAX_IDLE = 64
-_Key = tuple[str, TlsFiles | None]
+# (address, TLS files, the client token the channel's calls carry).
+_Key = tuple[str, TlsFiles | None, str | None]
 
 
 def make_channel(address: str, auth_token: str | None = None, tls: TlsFiles | None = None) -> grpc.Channel:
@@ -49,29 +50,38 @@ def make_channel(address: str, auth_token: str | None = None, tls: TlsFiles | No
 
 
 class SharedChannels:
+    """Channels shared by address, TLS files and client token: a channel carries the token it was
+    made with, so a process whose token changed (its environment set after an earlier read, or
+    a new token file) gets a channel carrying the new one rather than an idle channel without it."""
+
     def __init__(self, max_idle: int = MAX_IDLE):
         self._max_idle = max_idle
         self._lock = threading.Lock()
         self._channels: dict[_Key, grpc.Channel] = {}
         self._users: dict[_Key, int] = collections.Counter()
+        # Which key each channel handed out is under (release() takes the channel).
+        self._key_of: dict[grpc.Channel, _Key] = {}
         # Channels nobody holds, oldest release first.
         self._idle: collections.OrderedDict[_Key, None] = collections.OrderedDict()
 
     def acquire(self, address: str, tls: TlsFiles | None = None) -> grpc.Channel:
         """The channel to `address` (over TLS with `tls`; carrying this process's client token,
-        if it has one: see rpc/auth.py); give it back with release(address, tls)."""
-        key = (address, tls)
+        if it has one now: see rpc/auth.py); give it back with release(channel)."""
+        token = auth.client_token()
+        key = (address, tls, token)
         with self._lock:
             channel = self._channels.get(key)
             if channel is None:
-                channel = self._channels[key] = make_channel(address, auth.client_token(), tls)
+                channel = self._channels[key] = make_channel(address, token, tls)
+                self._key_of[channel] = key
             self._users[key] += 1
             self._idle.pop(key, None)
             return channel
 
-    def release(self, address: str, tls: TlsFiles | None = None) -> None:
-        key = (address, tls)
+    def release(self, channel: grpc.Channel) -> None:
+        """Gives back a channel acquire() handed out; one nobody holds stays open for a while."""
         with self._lock:
+            key = self._key_of[channel]
             self._users[key] -= 1
             if self._users[key] > 0:
                 return
@@ -79,7 +89,9 @@ class SharedChannels:
             self._idle[key] = None
             while len(self._idle) > self._max_idle:
                 oldest, _ = self._idle.popitem(last=False)
-                self._channels.pop(oldest).close()
+                closed = self._channels.pop(oldest)
+                del self._key_of[closed]
+                closed.close()
 
     @contextlib.contextmanager
     def holding(self, address: str, tls: TlsFiles | None = None) -> Iterator[grpc.Channel]:
@@ -87,7 +99,7 @@ class SharedChannels:
         try:
             yield channel
         finally:
-            self.release(address, tls)
+            self.release(channel)
 
 
 # The process's shared channels.

@@ -88,7 +88,7 @@ class DispatcherClient:
         if self._channel is None:
             return
         if self._shared:
-            shared_channels.release(self.address, self._tls)
+            shared_channels.release(self._channel)
         else:
             self._channel.close()
         self._channel = None

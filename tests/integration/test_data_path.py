@@ -15,6 +15,7 @@ import tensorflow as tf
 import dataservice as service
 from dataservice.local_cluster import LocalCluster
 from dataservice.pipeline import graph as graph_lib
+from dataservice.rpc import auth
 from dataservice.rpc.channels import SharedChannels
 from dataservice.transfer import allocator
 from dataservice.worker import chunk_iterator
@@ -102,15 +103,39 @@ def test_shared_channels_are_reused_and_idle_ones_bounded():
     channels = SharedChannels(max_idle=1)
     first = channels.acquire("localhost:1")
     assert channels.acquire("localhost:1") is first
-    channels.release("localhost:1")
-    channels.release("localhost:1")
+    channels.release(first)
+    channels.release(first)
     with channels.holding("localhost:1") as again:
         assert again is first  # idle, kept for the next reader
     with channels.holding("localhost:2"):
         pass
     # Two idle channels with room for one: the longest idle was closed and is made anew.
-    assert channels.acquire("localhost:1") is not first
-    channels.release("localhost:1")
+    renewed = channels.acquire("localhost:1")
+    assert renewed is not first
+    channels.release(renewed)
+
+
+def test_a_shared_channel_carries_the_token_the_process_has_now(monkeypatch, tmp_path):
+    """An idle channel made without a token is not handed out once the process has one (nor one
+    with an old token after it changed): its calls would go out without it. Found when a test
+    set its token after an earlier test in the process had read a server at the same port."""
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_FILE_ENV, raising=False)
+    channels = SharedChannels()
+    with channels.holding("localhost:1") as without:
+        pass
+    monkeypatch.setenv(auth.TOKEN_ENV, "first-token")
+    with channels.holding("localhost:1") as with_first:
+        assert with_first is not without
+    token_file = tmp_path / "token"
+    token_file.write_text("second-token")
+    monkeypatch.delenv(auth.TOKEN_ENV)
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(token_file))
+    with channels.holding("localhost:1") as with_second:
+        assert with_second is not with_first
+    monkeypatch.setenv(auth.TOKEN_ENV, "first-token")
+    with channels.holding("localhost:1") as again:
+        assert again is with_first  # the token's channel, idle, kept
 
 
 @pytest.mark.parametrize("length", [1024, chunk_iterator.PER_ELEMENT_BYTES // 4])
