@@ -118,7 +118,8 @@ def test_a_cache_window_shrinks_at_once():
     while len(read) < 60:
         read += _values(cache.take(4, 4 * MIB, timeout_s=5, trainer_id="a")[0])
     assert _settled(cache) <= 4 * MIB + 2 * MIB
-    assert read == list(range(60))
+    # In order and whole (a take gives up to 4: one that found fewer ready makes the count pass 60).
+    assert read == list(range(len(read))) and len(read) >= 60
     for runner in [cache, *runners]:
         runner.stop()
 
