@@ -677,9 +677,7 @@ def test_coordinated_consumers_started_again_are_refused(run):
     """testConsumerRestart: a second set of consumers of a coordinated job whose rounds have
     gone on is refused (FailedPreconditionError) rather than read from rounds long past."""
     name = unique_name(run, "restart")
-    # 21 elements, not TensorFlow's 20: ours cannot yet drop an iterator while one of its
-    # consumers waits for a round another consumer will never ask for (README, "Compatibility").
-    read_dataset(_coordinated_reads(run, 1, 3, name), run.mode, limit=21)
+    read_dataset(_coordinated_reads(run, 1, 3, name), run.mode, limit=20)
     # Ours: the class is carried in the message of an UnknownError, since a consumer reads as a
     # generator (README, "Compatibility").
     if run.service == "tensorflow":
@@ -687,7 +685,54 @@ def test_coordinated_consumers_started_again_are_refused(run):
     else:
         refused, error = tf.errors.UnknownError, "FailedPreconditionError.*current round has already reached"
     with pytest.raises(refused, match=error):
-        read_dataset(_coordinated_reads(run, 1, 3, name), run.mode, limit=21)
+        read_dataset(_coordinated_reads(run, 1, 3, name), run.mode, limit=20)
+
+
+def test_coordinated_consumers_on_three_hosts_read_one_bucket_a_step(run):
+    """testBucketizing: 15 consumers (3 "hosts" of 5 replicas, read by parallel interleaves inside
+    a parallel interleave, as a trainer reads its replicas) of a job whose workers batch by length
+    into three buckets and group 15 batches of one key at a time: each step's 15 batches, one per
+    consumer, come from one round and so from one group (one bucket, one key)."""
+    cluster = run.cluster(4)
+    name = unique_name(run, "bucketizing")
+    hosts, replicas = 3, 5
+    consumers = hosts * replicas
+    boundaries = [30, 60]
+
+    def make() -> tf.data.Dataset:
+        batches = (
+            tf.data.Dataset.range(100, output_type=tf.int32)
+            .shuffle(100)
+            .repeat()
+            .bucket_by_sequence_length(lambda x: x, boundaries, [10] * 3, drop_remainder=True)
+            .group_by_window(
+                lambda batch: tf.cast(batch[1], tf.int64),
+                lambda _, window: tf.data.Dataset.from_tensors(window),
+                window_size=consumers,
+            )
+            .flat_map(lambda window: window)
+        )
+        per_host = []
+        for host in range(hosts):
+            replica_datasets = [
+                _consumer(run, batches, cluster, name, host * replicas + i, consumers) for i in range(replicas)
+            ]
+            per_host.append(
+                tf.data.Dataset.from_tensor_slices(replica_datasets).interleave(
+                    lambda x: x, cycle_length=replicas, num_parallel_calls=replicas, deterministic=True
+                )
+            )
+        return tf.data.Dataset.from_tensor_slices(per_host).interleave(
+            lambda x: x, block_length=replicas, cycle_length=hosts, num_parallel_calls=hosts, deterministic=True
+        )
+
+    got = read_dataset(make, run.mode, limit=4 * consumers)
+    assert len(got) == 4 * consumers
+    for step in range(4):
+        batches = got[step * consumers : (step + 1) * consumers]
+        buckets = {int(np.searchsorted(boundaries, batch[0], side="right")) for batch in batches}
+        keys = {int(batch[1]) for batch in batches}
+        assert len(buckets) == 1 and len(keys) == 1, (step, [list(b) for b in batches])
 
 
 def test_coordinated_reads_of_a_finite_dataset_are_refused(run):

@@ -13,10 +13,14 @@ are reached over its link, as on a cluster; its local workers are servers in the
 from __future__ import annotations
 
 import collections
+import dataclasses
+import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -131,14 +135,23 @@ def _entries(style: str, hosts: Sequence[str]) -> list[str]:
 class _OurCluster:
     """Our dispatcher and local workers in this process, remote workers on the test host."""
 
-    def __init__(self, remote_host: Callable[[], _RemoteHost], workers: Spec, static: str | None):
+    def __init__(
+        self, remote_host: Callable[[], _RemoteHost], workers: Spec, static: str | None, fault_tolerant: bool = False
+    ):
         self._remote_host = remote_host
         addresses = None
         if static is not None:
             # Each worker's entry names its host; workers of one host take its entries in turn.
             names = {"local": "localhost", "remote": remote_host().address}
             addresses = _entries(static, [names[where] for where, _ in workers])
-        self.dispatcher = service.DispatchServer(service.DispatcherConfig(port=0, worker_addresses=addresses))
+        self._dispatcher_config = service.DispatcherConfig(
+            port=0,
+            worker_addresses=addresses,
+            work_dir=tempfile.mkdtemp(prefix="conformance-") if fault_tolerant else None,
+            fault_tolerant_mode=fault_tolerant,
+        )
+        self.dispatcher = service.DispatchServer(self._dispatcher_config)
+        self._dispatcher_config = dataclasses.replace(self._dispatcher_config, port=self.dispatcher.port)
         self.target = f"grpc://localhost:{self.dispatcher.port}"
         self.local_workers: list[service.WorkerServer] = []
         try:
@@ -148,16 +161,31 @@ class _OurCluster:
             self.stop()
             raise
 
-    def add_worker(self, where: str, tags: Sequence[str] = ()) -> None:
+    def add_worker(self, where: str, tags: Sequence[str] = (), port: int = 0) -> None:
         if where == "local":
             config = service.WorkerConfig(
                 dispatcher_address=f"localhost:{self.dispatcher.port}",
+                port=port,
                 worker_tags=list(tags),
                 heartbeat_interval_ms=200,
             )
             self.local_workers.append(service.WorkerServer(config))
             return
         self._remote_host().add_worker(self.dispatcher.port, tags)
+
+    def restart_local_workers(self) -> None:
+        """Each local worker stopped and started again at its port (its tasks gone)."""
+        restarted, self.local_workers = self.local_workers, []
+        for worker in restarted:
+            port = worker.port
+            worker.stop(grace_s=0)
+            self.add_worker("local", port=port)
+
+    def restart_dispatcher(self) -> None:
+        """The dispatcher stopped and started again at its port, from its work_dir (a cluster
+        made with fault_tolerant=True)."""
+        self.dispatcher.stop(grace_s=0)
+        self.dispatcher = service.DispatchServer(self._dispatcher_config)
 
     def stop(self) -> list[threading.Thread]:
         """Stops the local workers and the dispatcher on a thread, for the caller to wait for a
@@ -169,6 +197,8 @@ class _OurCluster:
             for worker in self.local_workers:
                 worker.stop(grace_s=0)
             self.dispatcher.stop(grace_s=0)
+            if self._dispatcher_config.work_dir:
+                shutil.rmtree(self._dispatcher_config.work_dir, ignore_errors=True)
 
         thread = threading.Thread(target=stop, daemon=True)
         thread.start()
@@ -179,15 +209,19 @@ class _TheirCluster:
     """TensorFlow's dispatcher and remote workers in its service's process (conformance.py), its
     local workers servers in this process."""
 
-    def __init__(self, tensorflow: TensorFlowService, workers: Spec, static: str | None):
+    def __init__(self, tensorflow: TensorFlowService, workers: Spec, static: str | None, fault_tolerant: bool = False):
         # TensorFlow's tests name every worker "localhost": entries taken in registration order.
         addresses = _entries(static, ["localhost"] * len(workers)) if static is not None else None
         leading = 0
         while leading < len(workers) and workers[leading][0] == "remote":
             leading += 1
-        self._cluster = tensorflow.cluster(worker_tags=[t for _, t in workers[:leading]], worker_addresses=addresses)
+        self._cluster = tensorflow.cluster(
+            worker_tags=[t for _, t in workers[:leading]], worker_addresses=addresses, fault_tolerant=fault_tolerant
+        )
         self.target = self._cluster.target
+        self._num_workers = len(workers)
         self.local_workers: list = []
+        self._stopped: list = []
         try:
             for where, tags in workers[leading:]:
                 self.add_worker(where, tags)
@@ -195,7 +229,7 @@ class _TheirCluster:
             self.stop()
             raise
 
-    def add_worker(self, where: str, tags: Sequence[str] = ()) -> None:
+    def add_worker(self, where: str, tags: Sequence[str] = (), port: int = 0) -> None:
         if where == "remote":
             self._cluster.add_worker(tags)
             return
@@ -204,12 +238,36 @@ class _TheirCluster:
         config = service_config_pb2.WorkerConfig(
             dispatcher_address=self._cluster.address,
             worker_address="localhost:%port%",
+            port=port,
             protocol="grpc",
             heartbeat_interval_ms=100,
             dispatcher_timeout_ms=1000,
             worker_tags=list(tags),
         )
         self.local_workers.append(tf.data.experimental.service.WorkerServer(config))
+
+    def restart_local_workers(self) -> None:
+        # TensorFlow's worker stops once the reads of its iterators end: a deleted iterator still
+        # in a reference cycle ends only when collected.
+        gc.collect()
+        restarted, self.local_workers = self.local_workers, []
+        for worker in restarted:
+            port = int(worker._address.split(":")[-1])
+            worker._stop()
+            self.add_worker("local", port=port)
+        # A stopped worker's server, when destroyed, takes its address out of TensorFlow's registry
+        # of the process's workers, and so the new one at that address (its client then finds no
+        # local worker): the stopped ones are kept as long as the cluster.
+        self._stopped.extend(restarted)
+        # Its dispatcher (worker_timeout_ms 200) dropped the stopped workers: wait for the new ones.
+        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while self._cluster.num_workers() < self._num_workers:
+            assert time.monotonic() < deadline, "TensorFlow's restarted workers did not register"
+            time.sleep(0.1)
+
+    def restart_dispatcher(self) -> None:
+        self._cluster.restart_dispatcher()
 
     def stop(self) -> list[threading.Thread]:
         """Stops the local workers, each on a thread (a worker stopped waits for reads in flight):
@@ -231,7 +289,8 @@ def test_hosts():
 @pytest.fixture(scope="module")
 def clusters(test_hosts):
     """(service, workers in start order, static sharding) -> a cluster shared by the module's
-    scenarios, made when one first asks; `fresh=True` makes one for the scenario alone."""
+    scenarios, made when one first asks; `fresh=True` makes one for the scenario alone,
+    `fault_tolerant=True` one whose dispatcher journals to a work_dir (and can restart)."""
     made: list = []
     shared: dict = {}
     processes: dict = {}
@@ -246,13 +305,13 @@ def clusters(test_hosts):
             processes["tensorflow"] = TensorFlowService()
         return processes["tensorflow"]
 
-    def get(which: str, workers: Spec, static: str | None = None, fresh: bool = False):
-        key = (which, workers, static)
+    def get(which: str, workers: Spec, static: str | None = None, fresh: bool = False, fault_tolerant: bool = False):
+        key = (which, workers, static, fault_tolerant)
         if fresh or key not in shared:
             if which == "ours":
-                cluster = _OurCluster(remote_host, workers, static)
+                cluster = _OurCluster(remote_host, workers, static, fault_tolerant)
             else:
-                cluster = _TheirCluster(tensorflow(), workers, static)
+                cluster = _TheirCluster(tensorflow(), workers, static, fault_tolerant)
             made.append(cluster)
             if fresh:
                 return cluster
@@ -523,6 +582,46 @@ def test_a_local_read_repeated(run, job_name):
     )
     got = read_dataset(lambda: tf.data.Dataset.range(10).apply(read).repeat(3), run.mode)
     assert got == list(range(10)) * 3
+
+
+@pytest.mark.parametrize("num_remote", [0, 3])
+def test_a_new_dataset_of_a_shared_local_job_after_its_iterator_went(run, num_remote):
+    """LocalTaskGarbageCollectTest.testReadFromDeletedTask (and its _GraphMode): an iterator of a
+    named, infinite LOCAL job reads 10 and is deleted; a dataset made again with the job's name
+    starts at the job's first repetition. TensorFlow's client then reads the task its first
+    iterator's deletion deleted (FailedPreconditionError "... which has been deleted"); ours
+    joins that repetition as a second reader of a shared job and reads on where the job is."""
+    cluster = run.cluster(*local(1), *remote(num_remote), fresh=True)
+    name = unique_name(run, "shared_job_name")
+    assert read_dataset(lambda: _infinite_local(run, cluster, name), run.mode, limit=10) == list(range(10))
+    if run.service == "tensorflow":
+        with pytest.raises(tf.errors.FailedPreconditionError, match="which has been deleted"):
+            read_dataset(lambda: _infinite_local(run, cluster, name), run.mode, limit=1)
+        return
+    later = read_dataset(lambda: _infinite_local(run, cluster, name), run.mode, limit=10)
+    assert later == list(range(later[0], later[0] + 10)) and later[0] >= 10, later
+
+
+@eager_only
+@pytest.mark.parametrize("num_remote", [0, 3])
+@pytest.mark.parametrize("restart", ["worker", "dispatcher"])
+def test_the_next_epoch_of_a_shared_local_job_after_a_restart(run, num_remote, restart):
+    """LocalTaskGarbageCollectTest.testMultipleEpochs_WorkerRestart and _DispatcherRestart: an
+    iterator of a named, infinite LOCAL job reads 0..9 and is deleted; the local worker (or the
+    fault-tolerant dispatcher) restarts at its address; the dataset's next iterator, the job's
+    next repetition, reads 0..9 from the local worker again."""
+    cluster = run.cluster(*local(1), *remote(num_remote), fresh=True, fault_tolerant=restart == "dispatcher")
+    dataset = _infinite_local(run, cluster, unique_name(run, "shared_job_name"))
+    iterator = iter(dataset)
+    assert [int(next(iterator)) for _ in range(10)] == list(range(10))
+    del iterator
+    if restart == "worker":
+        cluster.restart_local_workers()
+    else:
+        cluster.restart_dispatcher()
+    iterator = iter(dataset)
+    assert [int(next(iterator)) for _ in range(10)] == list(range(10))
+    del iterator
 
 
 # ---- worker_tags_test.py ------------------------------------------------------------------------
