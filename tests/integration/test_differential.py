@@ -5,7 +5,7 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import in_process_cluster
+from conftest import in_process_cluster, stop_tensorflow_servers
 
 import dataservice as service
 
@@ -56,9 +56,7 @@ def tf_service():
         for _ in range(2)
     ]
     yield dispatcher
-    for worker in workers:
-        worker._stop()
-    dispatcher._stop()
+    stop_tensorflow_servers([*workers, dispatcher])
 
 
 @pytest.fixture(scope="module")

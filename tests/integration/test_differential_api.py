@@ -8,13 +8,12 @@ started and stopped), so an error counts whenever it comes: TensorFlow raises ma
 the first element, ours before any RPC.
 """
 
-import gc
 import os
 import time
 
 import pytest
 import tensorflow as tf
-from conftest import in_process_cluster
+from conftest import in_process_cluster, stop_tensorflow_servers
 
 import dataservice as service
 
@@ -54,12 +53,7 @@ def clusters(tmp_path_factory):
     tf_workers = [TF.WorkerServer(TF.WorkerConfig(dispatcher_address=address, heartbeat_interval_ms=1000))]
     ours = in_process_cluster(1, work_dir=str(work / "ours"), fault_tolerant_mode=True)
     yield {"tensorflow": tf_dispatcher.target, "dataservice": ours.target}
-    # TensorFlow's worker stop waits for the reads of its iterators, and those still in reference
-    # cycles end only when collected (seconds of teardown otherwise).
-    gc.collect()
-    for worker in tf_workers:
-        worker._stop()
-    tf_dispatcher._stop()
+    stop_tensorflow_servers([*tf_workers, tf_dispatcher])
     ours.stop()
 
 
