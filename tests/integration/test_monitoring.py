@@ -171,12 +171,13 @@ def test_recommendation_when_a_slow_pipeline_starves_a_client_and_with_more_work
         iterator = iter(slow.apply(dataservice.distribute("parallel_epochs", cluster.target, job_name="starved")))
         starved_pace = _read_for(iterator, 8, 0.004)
         starved = _job_status(client)
-        # The share of its time the client waited, by its own clock: what the dispatcher should
-        # report. On a loaded machine the client works slower and so waits less than on an idle one.
+        # The client waits a clear share of its time, and not more than its own clock allows (its
+        # time outside `next` was all its own). On a loaded machine the client works slower and so
+        # waits less than on an idle one (CI saw 0.48 and 0.53): the starved share is also held
+        # against the fed one below rather than a fixed line alone.
         received, own_pace = starved_pace
         assert own_pace > 1.4 * received, ("the client outpaces two workers", starved_pace)
-        client_wait = 1 - received / own_pace
-        assert starved["wait_fraction"] == pytest.approx(client_wait, abs=0.25), (starved, starved_pace)
+        assert 0.25 < starved["wait_fraction"] <= 1 - received / own_pace + 0.1, (starved, starved_pace)
         assert starved["worker_throughput"] == pytest.approx(25, rel=0.3), starved
         _assert_recommendation_follows(starved, starved_pace)
         assert starved["missing_workers"] >= 1, starved  # a client at 4 ms an element outpaces 2 workers
@@ -190,6 +191,7 @@ def test_recommendation_when_a_slow_pipeline_starves_a_client_and_with_more_work
         print(f"starved: {starved} at {starved_pace}/s\nfed: {fed} at {fed_pace}/s")
         assert fed["workers"] == 12
         assert fed["wait_fraction"] < 0.3, fed
+        assert starved["wait_fraction"] > fed["wait_fraction"] + 0.2, (starved, fed)
         # The client's pace is measured while it starves too (no prefetch hides it): the
         # recommendation follows the client's pace whether or not it waits.
         _assert_recommendation_follows(fed, fed_pace)
