@@ -220,20 +220,30 @@ class WorkerServer:
             self._heartbeat_now.clear()
             if self._stopped.is_set():
                 return
-            self._datasets.expire()
-            self._streams.deliveries.expire()
-            # Finished tasks are remembered as long as their clients' records are kept.
-            self._tasks.forget_finished(time.monotonic() - delivery.RETAIN_S, self._streams.deliveries.tasks())
             try:
-                # Finished tasks first: a heartbeat before would be offered them again.
-                self._report_unreported(timeout_s=interval_s)
-            except status.ServiceError:
-                pass  # a dispatcher that does not know this worker yet: after the heartbeat
-            try:
-                self._heartbeat(timeout_s=interval_s)
-                self._report_unreported()
-            except status.ServiceError as e:
-                log.warning("heartbeat to dispatcher %s failed: %s", self._config.dispatcher_address, e.message)
+                self._heartbeat_round(interval_s)
+            except (ValueError, status.ServiceError):
+                # stop() closes the dispatcher's channel under a call in flight (ValueError:
+                # closed channel; CANCELLED): nothing is left to tell a dispatcher.
+                if not self._stopped.is_set():
+                    raise
+
+    def _heartbeat_round(self, interval_s: float) -> None:
+        """Expires what is no longer needed, reports finished tasks, then heartbeats."""
+        self._datasets.expire()
+        self._streams.deliveries.expire()
+        # Finished tasks are remembered as long as their clients' records are kept.
+        self._tasks.forget_finished(time.monotonic() - delivery.RETAIN_S, self._streams.deliveries.tasks())
+        try:
+            # Finished tasks first: a heartbeat before would be offered them again.
+            self._report_unreported(timeout_s=interval_s)
+        except status.ServiceError:
+            pass  # a dispatcher that does not know this worker yet: after the heartbeat
+        try:
+            self._heartbeat(timeout_s=interval_s)
+            self._report_unreported()
+        except status.ServiceError as e:
+            log.warning("heartbeat to dispatcher %s failed: %s", self._config.dispatcher_address, e.message)
 
     def _heartbeat(self, timeout_s: float) -> None:
         response = self._dispatcher.worker_heartbeat(
