@@ -1,23 +1,28 @@
-"""A worker's tasks: running, finished, and finished but not yet reported to the dispatcher.
+"""A worker's tasks as the data path sees them: runners, round servers and secrets by task.
 
-One lock guards all three, so that a task is never both running and finished
-and a stream waiting for a task wakes as soon as it starts. The book holds
-no threads and makes no remote calls: the worker starts and stops runners and
-talks to the dispatcher; streams look tasks up here. The running tasks share
-the worker's memory budget (memory_budget.py): the book adds a runner to it
-when it starts and takes it out when it finishes or is removed.
+The decisions (which tasks start, finish, are deleted, reported or forgotten) are the
+worker state machine's (worker_state.py); the book runs it under one lock with the maps
+streams read, so that a task is never both running and finished, a task never starts
+twice, and a stream waiting for a task wakes as soon as it starts. The book holds no
+threads and makes no remote calls: the worker carries out the instructions the book hands
+back (starting pipelines, stopping runners, talking to the dispatcher). The running tasks
+share the worker's memory budget (memory_budget.py): the book adds a runner to it when it
+starts and takes it out when it finishes or is removed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
 
 from dataservice import read_keys
+from dataservice.worker import worker_state
 from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.task_runner import TaskRunner
+from dataservice.worker.worker_state import DeleteTask, ForgetTasks, StopRunner, WorkerState
 
 # How often a stream waiting for an unknown task asks again for a heartbeat.
 _WAIT_POLL_S = 0.2
@@ -26,26 +31,53 @@ _WAIT_POLL_S = 0.2
 class TaskBook:
     """`on_unknown_task` is called while a stream waits for a task the worker has not heard
     of (the worker then heartbeats at once rather than at its next interval); `budget` is the
-    memory budget its running tasks share (None: none)."""
+    memory budget its running tasks share (None: none); `retain_s`: how long a finished task
+    is remembered at least (WorkerState)."""
 
-    def __init__(self, on_unknown_task: Callable[[], None] = lambda: None, budget: MemoryBudget | None = None):
+    def __init__(
+        self,
+        on_unknown_task: Callable[[], None] = lambda: None,
+        budget: MemoryBudget | None = None,
+        retain_s: float = 300.0,
+    ):
         self._on_unknown_task = on_unknown_task
         self._budget = budget
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._state = WorkerState(retain_s)
         self._runners: dict[int, TaskRunner] = {}
         self._round_robins: dict[int, RoundRobinServer] = {}
-        # finished task -> when (time.monotonic), until forget_finished drops it
-        self._finished: dict[int, float] = {}
-        self._unreported: set[int] = set()
         # Each task's iteration secret (read_keys.py; TaskDef.read_key), kept while the worker knows it.
         self._secrets: dict[int, str] = {}
-        self._closed = False
+
+    def handle(self, event: worker_state.Event) -> list[worker_state.Instruction]:
+        """Runs the event through the worker's state machine and does what it decides to the
+        book's own maps; returns the instructions left for the worker, a StopRunner or
+        DeleteTask carrying the runner the book took out (ForgetTasks is the book's alone)."""
+        with self._lock:
+            out = [self._apply(instruction) for instruction in self._state.handle(event)]
+            self._changed.notify_all()
+            return [instruction for instruction in out if not isinstance(instruction, ForgetTasks)]
+
+    def _apply(self, instruction: worker_state.Instruction) -> worker_state.Instruction:
+        if isinstance(instruction, (StopRunner, DeleteTask)):
+            task_id = instruction.task_id
+            self._round_robins.pop(task_id, None)
+            if isinstance(instruction, DeleteTask):
+                self._secrets.pop(task_id, None)
+            runner = self._runners.pop(task_id, None)
+            if runner is not None and self._budget is not None:
+                self._budget.remove(runner)
+            return dataclasses.replace(instruction, runner=runner)
+        if isinstance(instruction, ForgetTasks):
+            for task_id in instruction.task_ids:
+                self._secrets.pop(task_id, None)
+        return instruction
 
     def is_known(self, task_id: int) -> bool:
-        """Running or finished (or the book is closed): starting it again would be wrong."""
+        """Running or finished (or the worker stops): starting it again would be wrong."""
         with self._lock:
-            return self._closed or task_id in self._runners or task_id in self._finished
+            return self._state.is_known(task_id)
 
     def add(
         self,
@@ -61,9 +93,10 @@ class TaskBook:
         from the iteration's pool, and a worker that no client reads, one that target_workers
         leaves out, would take them from the readers of the others)."""
         with self._lock:
-            if self._closed or task_id in self._runners or task_id in self._finished:
+            if self._state.is_known(task_id):
                 return None
             runner, round_robin = start()
+            self._state.handle(worker_state.TaskStarted(task_id))
             self._runners[task_id] = runner
             if self._budget is not None:
                 self._budget.add(runner)
@@ -74,34 +107,6 @@ class TaskBook:
                 self._round_robins[task_id] = round_robin
             self._changed.notify_all()
             return runner
-
-    def finish(self, task_id: int) -> TaskRunner | None:
-        """Marks the task finished (its data handed out) and to be reported; returns its runner
-        for the caller to stop, or None if it had finished already."""
-        with self._lock:
-            if task_id in self._finished:
-                return None
-            self._finished[task_id] = time.monotonic()
-            self._unreported.add(task_id)
-            self._round_robins.pop(task_id, None)
-            runner = self._runners.pop(task_id, None)
-            self._leave_budget(runner)
-            self._changed.notify_all()
-            return runner
-
-    def forget_finished(self, before: float, in_use: set[int]) -> list[int]:
-        """Forgets the tasks that finished before `before` (time.monotonic), were reported to the
-        dispatcher and are not `in_use` (no client's delivery record left): their ids and secrets
-        would otherwise stay for the worker's life. A late stream for one then waits as for an
-        unknown task and its client asks the dispatcher, which knows it finished. Returns them."""
-        with self._lock:
-            old = [
-                t for t, at in self._finished.items() if at < before and t not in self._unreported and t not in in_use
-            ]
-            for task_id in old:
-                del self._finished[task_id]
-                self._secrets.pop(task_id, None)
-            return old
 
     def may_read(self, task_id: int, client_id: int, read_key: str) -> bool:
         """Whether `read_key` is the key of client `client_id` of the task's iteration (a task the
@@ -118,34 +123,9 @@ class TaskBook:
             secret = self._secrets.get(task_id, "")
         return read_keys.receipt(secret, task_id, elements) if secret else ""
 
-    def remove(self, task_id: int) -> TaskRunner | None:
-        """Forgets a running task the dispatcher stopped; returns its runner for the caller to stop."""
-        with self._lock:
-            self._secrets.pop(task_id, None)
-            self._round_robins.pop(task_id, None)
-            runner = self._runners.pop(task_id, None)
-            self._leave_budget(runner)
-            return runner
-
-    def _leave_budget(self, runner: TaskRunner | None) -> None:
-        if runner is not None and self._budget is not None:
-            self._budget.remove(runner)
-
-    def close(self) -> list[TaskRunner]:
-        """Forgets every running task and refuses new ones; returns the runners to stop."""
-        with self._lock:
-            self._closed = True
-            runners = list(self._runners.values())
-            self._runners.clear()
-            self._round_robins.clear()
-            for runner in runners:
-                self._leave_budget(runner)
-            self._changed.notify_all()
-            return runners
-
     def is_finished(self, task_id: int) -> bool:
         with self._lock:
-            return task_id in self._finished
+            return task_id in self._state.finished
 
     def runner(self, task_id: int) -> TaskRunner | None:
         with self._lock:
@@ -167,12 +147,9 @@ class TaskBook:
             return sorted(self._runners)
 
     def unreported(self) -> list[int]:
+        """Finished tasks the dispatcher has not yet taken the report of, in order."""
         with self._lock:
-            return sorted(self._unreported)
-
-    def mark_reported(self, task_ids: list[int]) -> None:
-        with self._lock:
-            self._unreported.difference_update(task_ids)
+            return sorted(self._state.unreported)
 
     def wait_for(self, task_id: int, timeout_s: float) -> TaskRunner | None:
         """The task's runner for a read, producing from now on (see add), waiting up to
@@ -180,7 +157,7 @@ class TaskBook:
         closed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while task_id not in self._runners and task_id not in self._finished and not self._closed:
+            while task_id not in self._runners and not self._state.is_known(task_id):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None

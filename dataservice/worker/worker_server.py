@@ -32,7 +32,7 @@ from dataservice.tf_errors import raising_tf_errors
 from dataservice.transfer import grpc_service, local, shared_memory, tcp
 from dataservice.transfer.element_codec import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.worker import delivery, sandbox, streaming
+from dataservice.worker import delivery, sandbox, streaming, worker_state
 from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator
 from dataservice.worker.cross_trainer_cache import CACHE_CHUNK_ELEMENTS, CachingTaskRunner
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
@@ -85,7 +85,8 @@ class WorkerServer:
         # This process's id for the dispatcher: a worker restarted at the same address is a new one.
         self._uid = random.getrandbits(63) | 1
         self._budget = MemoryBudget(resolved(config.memory_budget_bytes))
-        self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set, budget=self._budget)
+        # Finished tasks are remembered as long as their clients' delivery records are kept.
+        self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set, budget=self._budget, retain_s=delivery.RETAIN_S)
         self._production = ProductionTotals()
         self._streams = streams = streaming.StreamContext(
             self.address, self._tasks, self.report_finished, budget=self._budget
@@ -176,11 +177,10 @@ class WorkerServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self._carry_out(self._tasks.handle(worker_state.Stopping()))
         local.unregister(self.address)
         self._health.shutdown()
         self._heartbeat_now.set()
-        for runner in self._tasks.close():
-            runner.stop()
         self._snapshot_writers.stop()
         self._datasets.stop()
         for transfer in (self._tcp, self._unix):
@@ -232,8 +232,8 @@ class WorkerServer:
         """Expires what is no longer needed, reports finished tasks, then heartbeats."""
         self._datasets.expire()
         self._streams.deliveries.expire()
-        # Finished tasks are remembered as long as their clients' records are kept.
-        self._tasks.forget_finished(time.monotonic() - delivery.RETAIN_S, self._streams.deliveries.tasks())
+        in_use = frozenset(self._streams.deliveries.tasks())
+        self._carry_out(self._tasks.handle(worker_state.Tick(time.monotonic(), in_use)))
         try:
             # Finished tasks first: a heartbeat before would be offered them again.
             self._report_unreported(timeout_s=interval_s)
@@ -264,32 +264,42 @@ class WorkerServer:
             snapshot_chunks=self._snapshot_writers.current(),
             worker_tags=resolved(self._config.worker_tags),
         )
-        for task in response.new_tasks:
-            self.start_task(task)
-        for task_id in response.tasks_to_delete:
-            self._delete_task(task_id)
-        if not self._stopped.is_set():
-            for chunk in response.snapshot_chunks:
-                self._snapshot_writers.start(chunk)
-        for ref in response.snapshot_chunks_to_drop:
-            self._snapshot_writers.drop(ref.path, ref.chunk_index)
+        self._carry_out(self._tasks.handle(worker_state.HeartbeatAnswered(response)))
+
+    def _carry_out(self, instructions: list[worker_state.Instruction]) -> None:
+        """Does what the worker's state machine decided (worker_state.py)."""
+        for instruction in instructions:
+            match instruction:
+                case worker_state.StartTask(task):
+                    self._start_task(task)
+                case worker_state.DeleteTask(task_id, runner):
+                    self._streams.deliveries.forget_task(task_id)
+                    if runner is not None:
+                        runner.stop()
+                        log.info("task stopped by the dispatcher", extra=ids(task_id=task_id, worker=self.address))
+                case worker_state.StopRunner(_, runner):
+                    if runner is not None:
+                        runner.stop()
+                case worker_state.HeartbeatNow():
+                    self._heartbeat_now.set()
+                case worker_state.WriteSaveChunk(chunk):
+                    self._snapshot_writers.start(chunk)
+                case worker_state.DropSaveChunk(ref):
+                    self._snapshot_writers.drop(ref.path, ref.chunk_index)
 
     def report_finished(self, task_id: int) -> None:
         """Notes that every element of the task was handed out: its runner stops, and the
         heartbeat thread tells the dispatcher at once (so that a client asking the dispatcher
         right after its end of sequence learns the task is over), retrying at its interval.
         Never waits: a stream calls it before its last messages go out."""
-        runner = self._tasks.finish(task_id)
-        if runner is not None:
-            runner.stop()
-            self._heartbeat_now.set()
+        self._carry_out(self._tasks.handle(worker_state.TaskFinished(task_id, at=time.monotonic())))
 
     def _report_unreported(self, timeout_s: float = 5.0) -> None:
         tasks = self._tasks.unreported()
         if not tasks:
             return
         self._dispatcher.worker_update(self.address, tasks, timeout_s)
-        self._tasks.mark_reported(tasks)
+        self._tasks.handle(worker_state.TasksReported(tuple(tasks)))
 
     def _fetch_dataset_def(self, dataset_id: str) -> DatasetDef:
         """The dataset's graph and element spec from the dispatcher; a graph the dataset policy
@@ -314,9 +324,11 @@ class WorkerServer:
     # ---- tasks -----------------------------------------------------------
 
     def start_task(self, task: common_pb2.TaskDef) -> None:
-        """Starts a task's pipeline unless it is running or finished already."""
-        if self._tasks.is_known(task.task_id):
-            return
+        """A task the dispatcher pushed (ProcessTask): started unless it runs or finished already."""
+        self._carry_out(self._tasks.handle(worker_state.TaskOffered(task)))
+
+    def _start_task(self, task: common_pb2.TaskDef) -> None:
+        """Builds the task's pipeline and runner (the book refuses a task it knows already)."""
         try:
             codec: ElementCodec | None = self._datasets.codec(task.dataset_id)
             make_chunks = functools.partial(self._task_elements, task)
@@ -392,13 +404,6 @@ class WorkerServer:
         # A rebuilt graph's function must outlive the dataset's iterator.
         dataset._dataservice_keepalive = keepalive
         return self._datasets.chunk_iterator(task.dataset_id, dataset, max_chunk)
-
-    def _delete_task(self, task_id: int) -> None:
-        self._streams.deliveries.forget_task(task_id)
-        runner = self._tasks.remove(task_id)
-        if runner is not None:
-            runner.stop()
-            log.info("task stopped by the dispatcher", extra=ids(task_id=task_id, worker=self.address))
 
     def running_tasks(self) -> list[int]:
         """Ids of the tasks whose pipelines run on this worker now."""

@@ -21,6 +21,7 @@ from dataservice.worker.chunk_iterator import ChunkIterator
 from dataservice.worker.delivery import Deliveries, Delivery
 from dataservice.worker.task_book import TaskBook
 from dataservice.worker.task_runner import TaskRunner
+from dataservice.worker.worker_state import TaskFinished
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -123,7 +124,7 @@ def _context(elements: int) -> tuple[streaming.StreamContext, ElementCodec]:
 
     def report_finished(task_id: int) -> None:
         finished.append(task_id)
-        tasks.finish(task_id)
+        tasks.handle(TaskFinished(task_id, at=0.0))
 
     return streaming.StreamContext("worker:1", tasks, report_finished), codec
 

@@ -14,6 +14,7 @@ from dataservice.worker.delivery import MAX_UNACKNOWLEDGED_BYTES
 from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.task_book import TaskBook
 from dataservice.worker.task_runner import DEFAULT_BUFFER_BYTES, TaskRunner
+from dataservice.worker.worker_state import Stopping, StopRunner, TaskFinished
 
 MIB = 1 << 20
 SPEC = tf.TensorSpec([MIB // 4], tf.float32)  # 1 MiB an element
@@ -39,6 +40,13 @@ def _settled(runner: TaskRunner, seconds: float = 0.3) -> int:
         last = now
         time.sleep(seconds)
     raise AssertionError("the producer never waited")
+
+
+def _stop_runners(instructions) -> None:
+    """Stops the runners the book took out, as the worker does."""
+    for instruction in instructions:
+        if isinstance(instruction, StopRunner):
+            instruction.runner.stop()
 
 
 def _start(book: TaskBook, task_id: int, make=TaskRunner, **kwargs) -> TaskRunner:
@@ -74,14 +82,13 @@ def test_buffers_shrink_as_tasks_start_and_grow_as_they_end():
     assert sum(r.buffered()[1] for r in [first, *others]) <= 8 * MIB
     # Tasks end: the first one's share grows back and its producer goes on.
     for task_id in (2, 3, 4):
-        book.finish(task_id).stop()
+        _stop_runners(book.handle(TaskFinished(task_id, at=0.0)))
     assert first.capacity_bytes == 8 * MIB
     assert 7 * MIB < _settled(first) <= 8 * MIB
     while len(taken) < 12:
         taken += first.take(1, MIB, timeout_s=5)[0]
     assert _values(taken) == list(range(len(taken)))  # in order, nothing lost
-    for runner in book.close():
-        runner.stop()
+    _stop_runners(book.handle(Stopping()))
     assert budget.buffer_share() == 8 * MIB
 
 
@@ -89,8 +96,8 @@ def test_a_task_never_gets_more_than_its_own_limit():
     book = TaskBook(budget=MemoryBudget(16 << 30))
     runner = _start(book, 1)
     assert runner.capacity_bytes == DEFAULT_BUFFER_BYTES
-    book.close()
-    runner.stop()
+    _stop_runners(book.handle(Stopping()))
+    assert runner.stopped
 
 
 def test_a_share_smaller_than_a_chunk_still_runs_the_task():
@@ -100,8 +107,8 @@ def test_a_share_smaller_than_a_chunk_still_runs_the_task():
     assert _settled(runner) == MIB  # one chunk: an empty buffer always takes one
     chunks = [c for _ in range(5) for c in runner.take(1, MIB, timeout_s=5)[0]]
     assert _values(chunks) == [0, 1, 2, 3, 4]
-    book.close()
-    runner.stop()
+    _stop_runners(book.handle(Stopping()))
+    assert runner.stopped
 
 
 def test_a_cache_window_shrinks_at_once():

@@ -1,9 +1,21 @@
-"""TaskBook: a worker's running, finished and unreported tasks under one lock."""
+"""TaskBook: the worker state machine's decisions carried out on the maps streams read,
+under one lock."""
 
 import threading
 import time
 
+from dataservice.v1 import common_pb2, dispatcher_pb2
 from dataservice.worker.task_book import TaskBook
+from dataservice.worker.worker_state import (
+    DeleteTask,
+    HeartbeatAnswered,
+    HeartbeatNow,
+    Stopping,
+    StopRunner,
+    TaskFinished,
+    TasksReported,
+    Tick,
+)
 
 
 class FakeRunner:
@@ -19,6 +31,10 @@ def start(task_id, rounds=None):
     return lambda: (FakeRunner(task_id), rounds)
 
 
+def deleted(*task_ids: int) -> HeartbeatAnswered:
+    return HeartbeatAnswered(dispatcher_pb2.WorkerHeartbeatResponse(tasks_to_delete=task_ids))
+
+
 def test_a_task_starts_once_and_finishes_once():
     book = TaskBook()
     started = []
@@ -26,22 +42,27 @@ def test_a_task_starts_once_and_finishes_once():
     assert book.add(1, lambda: started.append(2) or (FakeRunner(1), None)) is None, "started twice"
     assert started == [1]
     assert book.running() == [1] and book.is_known(1)
-    runner = book.finish(1)
-    assert runner.task_id == 1
-    assert book.finish(1) is None
-    assert book.running() == [] and book.is_finished(1)
+    stop, heartbeat = book.handle(TaskFinished(1, at=10.0))
+    assert isinstance(stop, StopRunner) and stop.runner.task_id == 1 and heartbeat == HeartbeatNow()
+    assert book.handle(TaskFinished(1, at=11.0)) == []
+    assert book.running() == [] and book.is_finished(1) and book.runner(1) is None
     assert book.add(1, start(1)) is None, "a finished task does not start again"
     assert book.unreported() == [1]
-    book.mark_reported([1])
+    book.handle(TasksReported((1,)))
     assert book.unreported() == []
 
 
-def test_removed_tasks_are_not_finished_and_round_servers_go_with_them():
+def test_deleted_tasks_are_not_finished_and_their_runners_round_servers_and_secrets_go():
     book = TaskBook()
-    book.add(2, start(2, rounds="rounds-of-2"))
+    book.add(2, start(2, rounds="rounds-of-2"), secret="secret-2")
     assert book.round_robin(2) == "rounds-of-2"
-    assert book.remove(2).task_id == 2
+    (delete,) = book.handle(deleted(2))
+    assert isinstance(delete, DeleteTask) and delete.runner.task_id == 2
     assert book.round_robin(2) is None and not book.is_finished(2) and book.unreported() == []
+    assert book.receipt(2, 5) == "", "its secret is gone"
+    # Deleting a task the worker does not run hands back no runner.
+    (again,) = book.handle(deleted(2))
+    assert again.runner is None
 
 
 def test_wait_for_wakes_when_the_task_starts_and_asks_for_a_heartbeat():
@@ -55,25 +76,42 @@ def test_wait_for_wakes_when_the_task_starts_and_asks_for_a_heartbeat():
     assert book.wait_for(4, timeout_s=0.05) is None
 
 
-def test_close_refuses_new_tasks_and_returns_the_running_ones():
+def test_stopping_refuses_new_tasks_and_hands_back_the_running_ones():
     book = TaskBook()
     book.add(5, start(5))
-    assert [r.task_id for r in book.close()] == [5]
+    assert [(i.task_id, i.runner.task_id) for i in book.handle(Stopping())] == [(5, 5)]
+    assert book.running() == []
     assert book.add(6, start(6)) is None
-    assert book.wait_for(6, timeout_s=5) is None, "a closed book does not make streams wait"
+    assert book.wait_for(6, timeout_s=5) is None, "a stopped book does not make streams wait"
 
 
 def test_finished_tasks_are_forgotten_once_reported_old_and_unused():
-    book = TaskBook()
+    book = TaskBook(retain_s=60)
     for task_id in (1, 2, 3, 4):
         book.add(task_id, start(task_id), secret=f"secret-{task_id}")
-        book.finish(task_id)
-    book.mark_reported([1, 2, 3])  # 4 is not reported yet
-    finished_by = time.monotonic()
-    assert book.forget_finished(before=finished_by - 60, in_use=set()) == [], "too recent"
+        book.handle(TaskFinished(task_id, at=100.0))
+    book.handle(TasksReported((1, 2, 3)))  # 4 is not reported yet
+    book.handle(Tick(now=150.0))
+    assert all(book.is_finished(t) for t in (1, 2, 3, 4)), "too recent"
     # 2 still has a client's delivery record: kept, with its secret.
-    assert sorted(book.forget_finished(before=finished_by + 1, in_use={2})) == [1, 3]
+    book.handle(Tick(now=161.0, in_use=frozenset({2})))
     assert not book.is_known(1) and not book.is_finished(3)
     assert book.is_finished(2) and book.is_finished(4)
     assert book.may_read(2, 7, "wrong") is False  # its secret is still checked
-    assert sorted(book.forget_finished(before=finished_by + 1, in_use=set())) == [2]
+    assert book.receipt(2, 5) != ""
+    book.handle(Tick(now=161.0))
+    assert not book.is_finished(2) and book.receipt(2, 5) == ""
+
+
+def test_a_finished_task_never_reappears_as_running_in_a_heartbeat():
+    # The heartbeat thread reads running() while a stream finishes a task: never both.
+    book = TaskBook()
+    book.add(7, start(7))
+    book.handle(TaskFinished(7, at=1.0))
+    assert 7 not in book.running() and book.unreported() == [7]
+    assert (
+        book.handle(
+            HeartbeatAnswered(dispatcher_pb2.WorkerHeartbeatResponse(new_tasks=[common_pb2.TaskDef(task_id=7)]))
+        )
+        == []
+    )
