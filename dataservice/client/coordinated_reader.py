@@ -63,8 +63,8 @@ class CoordinatedReader:
         self._iteration_finished = False
         self._error: BaseException | None = None
         self._changed = threading.Condition()
-        self._stubs: dict[str, grpc_service.WorkerDataStub] = {}
-        self._channels: list[grpc.Channel] = []
+        # Per worker address, the shared channel this reader acquired and its stub.
+        self._stubs: dict[str, tuple[grpc.Channel, grpc_service.WorkerDataStub]] = {}
         self.meter = ReadingMeter()
         self.session = IterationSession(
             dispatcher_address,
@@ -202,14 +202,12 @@ class CoordinatedReader:
             return task is not None and task.finished
 
     def _stub(self, address: str) -> grpc_service.WorkerDataStub:
-        stub = self._stubs.get(address)
-        if stub is None:
+        if address not in self._stubs:
             channel = shared_channels.acquire(address, self._tls)
-            self._channels.append(channel)
-            stub = self._stubs[address] = grpc_service.WorkerDataStub(channel)
-        return stub
+            self._stubs[address] = (channel, grpc_service.WorkerDataStub(channel))
+        return self._stubs[address][1]
 
     def close(self) -> None:
         self.session.close()
-        for channel in self._channels:
+        for channel, _ in self._stubs.values():
             shared_channels.release(channel)
