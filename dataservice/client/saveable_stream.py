@@ -87,6 +87,9 @@ class _Slot:
         # is what tells that the iterator is gone; how many were handed out.
         self.tracked_progress = False
         self.progress_seq = 0
+        # Where the token this process made lives (TensorFlow adopts it, so the iterator's calls
+        # bring the same buffer back); a restored iterator's token is a buffer of its own.
+        self.created_address: int | None = None
 
     def progress(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(task ids, elements taken, elements their receipts cover, the receipts)."""
@@ -130,7 +133,10 @@ class SaveableStream:
         self._before_first = before_first
         self._repetitions = Repetitions()
         self._lock = threading.Lock()
-        self._slots: dict[int, _Slot] = {}
+        # Slots by (token handle, address of the token's buffer as the iterator's calls bring it;
+        # None until the first call after the one that made the token). Two iterators can bring
+        # the same handle: one restored from a checkpoint of the other, while the other lives.
+        self._slots: dict[tuple[int, int | None], _Slot] = {}
 
     # ---- the pipeline ----------------------------------------------------------
 
@@ -182,36 +188,58 @@ class SaveableStream:
         # as long as the iterator that holds the token.
         token = chunk_lib.aligned_empty((2,), np.int64)
         token[:] = (handle, repetition)
+        slot.created_address = _address(token)
         with self._lock:
-            self._slots[handle] = slot
-        weakref.finalize(token, self._token_released, handle, slot)
+            self._slots[(handle, None)] = slot
+        weakref.finalize(token, self._token_released, slot)
         return token
 
-    def _progress(self, handle: int, slot: _Slot) -> tuple[np.ndarray, ...]:
+    def _progress(self, slot: _Slot) -> tuple[np.ndarray, ...]:
         """The slot's progress for the scan. For a restored iterator's reader, whose token is not
         this process's, the arrays (adopted by TensorFlow, held as the scan's state) stand in for
         the token: when the latest of them is released, the iterator is gone."""
         progress = slot.progress()
         if slot.tracked_progress and len(progress[1]):  # (an empty array has no buffer to adopt)
             slot.progress_seq += 1
-            weakref.finalize(progress[1], self._progress_released, handle, slot, slot.progress_seq)
+            weakref.finalize(progress[1], self._progress_released, slot, slot.progress_seq)
         return progress
 
-    def _progress_released(self, handle: int, slot: _Slot, seq: int) -> None:
+    def _progress_released(self, slot: _Slot, seq: int) -> None:
         if seq == slot.progress_seq:
-            self._discard(handle, slot)
+            self._discard(slot)
 
-    def _token_released(self, handle: int, slot: _Slot) -> None:
+    def _token_released(self, slot: _Slot) -> None:
         slot.token_alive = False
         if slot.reader is None and not slot.closed:
             return  # not started: TensorFlow copied the token; the reader will not be tracked
-        self._discard(handle, slot)
+        self._discard(slot)
 
-    def _discard(self, handle: int, slot: _Slot) -> None:
+    def _discard(self, slot: _Slot) -> None:
         with self._lock:
-            if self._slots.get(handle) is slot:
-                del self._slots[handle]
+            for key in [key for key, held in self._slots.items() if held is slot]:
+                del self._slots[key]
         slot.close()
+
+    def _slot_of(self, handle: int, address: int, call: int) -> _Slot | None:
+        """The slot of the iterator that brings token `handle` at `address` for call `call`;
+        None if none is this iterator's (a restored one). A slot whose iterator has not brought
+        its token back yet is claimed by the first call that brings it from the buffer this
+        process made (or from any, if TensorFlow copied the token and let that buffer go)."""
+        with self._lock:
+            slot = self._slots.get((handle, address))
+            if slot is not None:
+                return slot
+            fresh = self._slots.get((handle, None))
+            if (
+                fresh is not None
+                and fresh.calls == call
+                and not fresh.closed
+                and (address == fresh.created_address or not fresh.token_alive)
+            ):
+                del self._slots[(handle, None)]
+                self._slots[(handle, address)] = fresh
+                return fresh
+            return None
 
     def _fetch(self, token: np.ndarray, k: np.int64, *saved: np.ndarray):
         """Call `k` of an iterator: (token, *progress, *chunk arrays), the chunk empty only at
@@ -222,36 +250,39 @@ class SaveableStream:
         if handle == 0:
             token = self._new_token(calls=call)
             handle = int(token[0])
-        with self._lock:
-            slot = self._slots.get(handle)
+            with self._lock:
+                slot: _Slot | None = self._slots.get((handle, None))
+        else:
+            slot = self._slot_of(handle, _address(token), call)
         if slot is None or slot.calls != call or slot.closed:
             if slot is not None:
-                self._discard(handle, slot)
-            slot = self._resume(handle, repetition, call, *saved)
+                self._discard(slot)
+            slot = self._resume(handle, _address(token), repetition, call, *saved)
         elif slot.reader is None:
             self._before_first()
             slot.reader = self._open_reader(slot.repetition, None)
             slot.chunks = slot.reader.chunks_with_origin(*self._merge)
         slot.calls += 1
-        return (token, *self._next(handle, slot))
+        return (token, *self._next(slot))
 
-    def _next(self, handle: int, slot: _Slot):
+    def _next(self, slot: _Slot):
         """The progress after the next chunk, and its arrays; an empty chunk at the end."""
         if slot.chunks is None:
             raise RuntimeError("an iterator's slot was read before its reader opened")
         taken = next(slot.chunks, None)
         if taken is None:
             progress = slot.progress()
-            self._discard(handle, slot)
+            self._discard(slot)
             return (*progress, *self._layout.empty())
         chunk, parts = taken
         for task_id, count in parts:
             slot.handed[task_id] = slot.handed.get(task_id, 0) + count
-        return (*self._progress(handle, slot), *self._layout.arrays(chunk))
+        return (*self._progress(slot), *self._layout.arrays(chunk))
 
     def _resume(
         self,
         handle: int,
+        address: int,
         repetition: int,
         k: int,
         tasks: np.ndarray,
@@ -274,8 +305,14 @@ class SaveableStream:
         slot.chunks = slot.reader.chunks_with_origin(*self._merge)
         slot.handed = {t: 0 for t in slot.reader.session.resumed_tasks}
         with self._lock:
-            old = self._slots.get(handle)
-            self._slots[handle] = slot
+            old = self._slots.get((handle, address))
+            self._slots[(handle, address)] = slot
         if old is not None:
             old.close()
         return slot
+
+
+def _address(array: np.ndarray) -> int:
+    """Where the array's data lives: the same for every call of one iterator, whose token
+    tensor TensorFlow hands over without a copy."""
+    return int(array.__array_interface__["data"][0])

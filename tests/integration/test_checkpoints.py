@@ -2,6 +2,7 @@
 trainer) in a new one, continuing where the checkpoint was taken."""
 
 import collections
+import gc
 import os
 import subprocess
 import sys
@@ -296,6 +297,7 @@ def test_a_restored_iterator_releases_its_reader_when_dropped(tmp_path):
         _read(iterator, 2000)
         path = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
         del iterator
+        gc.collect()  # (an iterator in a reference cycle goes only when collected)
         restored = iter(ds)
         tf.train.Checkpoint(iterator=restored).restore(path)
         assert _read(restored, 3000)[-1] == 4999
@@ -305,5 +307,31 @@ def test_a_restored_iterator_releases_its_reader_when_dropped(tmp_path):
         while cluster.dispatcher.state_summary()["iteration_clients"] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert cluster.dispatcher.state_summary()["iteration_clients"] == 0, "the restored reader was not released"
+    finally:
+        cluster.stop()
+
+
+def test_an_iterator_restored_while_the_saved_one_lives_reads_on_its_own(tmp_path):
+    # The restored iterator brings the saved one's token: it must not take over (nor, when the
+    # saved one goes, lose) the saved one's reader. A CI run saw the dispatcher release the
+    # restored reader's client when the saved iterator was collected after the restore.
+    cluster = in_process_cluster(1)
+    try:
+        ds = tf.data.Dataset.range(10**9).apply(service.distribute("parallel_epochs", cluster.target))
+        saved = iter(ds)
+        assert _read(saved, 2000)[-1] == 1999
+        path = tf.train.Checkpoint(iterator=saved).save(str(tmp_path / "ckpt"))
+        restored = iter(ds)
+        tf.train.Checkpoint(iterator=restored).restore(path)
+        # Far past the chunk the checkpoint holds: both have fetched again.
+        assert _read(restored, 20000) == list(range(2000, 22000))
+        assert _read(saved, 20000) == list(range(2000, 22000)), "the saved iterator reads on from where it was"
+        assert cluster.dispatcher.state_summary()["iteration_clients"] == 2
+        # When TensorFlow lets the saved iterator go is its affair (in this module, not before the
+        # test ends): whenever it does, the restored reader is not closed with it.
+        del saved
+        gc.collect()
+        assert _read(restored, 5000) == list(range(22000, 27000)), "the restored one lost nothing"
+        assert cluster.dispatcher.state_summary()["iteration_clients"] >= 1
     finally:
         cluster.stop()
