@@ -247,17 +247,18 @@ class SaveableStream:
         call makes the iterator's token; a call with a token or number this process does not
         expect is a restored iterator's, whose reader resumes from the saved progress."""
         handle, repetition, call = int(token[0]), int(token[1]), int(k)
+        address = _address(token)
         if handle == 0:
             token = self._new_token(calls=call)
-            handle = int(token[0])
+            handle, address = int(token[0]), _address(token)
             with self._lock:
                 slot: _Slot | None = self._slots.get((handle, None))
         else:
-            slot = self._slot_of(handle, _address(token), call)
+            slot = self._slot_of(handle, address, call)
         if slot is None or slot.calls != call or slot.closed:
             if slot is not None:
                 self._discard(slot)
-            slot = self._resume(handle, _address(token), repetition, call, *saved)
+            slot = self._resume(handle, address, repetition, call, *saved)
         elif slot.reader is None:
             self._before_first()
             slot.reader = self._open_reader(slot.repetition, None)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from dataservice import read_keys
-from dataservice.worker import worker_state
+from dataservice.worker import delivery, worker_state
 from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.round_robin import RoundRobinServer
 from dataservice.worker.task_runner import TaskRunner
@@ -32,13 +32,13 @@ class TaskBook:
     """`on_unknown_task` is called while a stream waits for a task the worker has not heard
     of (the worker then heartbeats at once rather than at its next interval); `budget` is the
     memory budget its running tasks share (None: none); `retain_s`: how long a finished task
-    is remembered at least (WorkerState)."""
+    is remembered at least (WorkerState; by default as long as its clients' delivery records)."""
 
     def __init__(
         self,
         on_unknown_task: Callable[[], None] = lambda: None,
         budget: MemoryBudget | None = None,
-        retain_s: float = 300.0,
+        retain_s: float = delivery.RETAIN_S,
     ):
         self._on_unknown_task = on_unknown_task
         self._budget = budget
@@ -157,7 +157,7 @@ class TaskBook:
         closed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while task_id not in self._runners and not self._state.is_known(task_id):
+            while not self._state.is_known(task_id):  # (a running task is known)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None

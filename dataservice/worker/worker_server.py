@@ -32,7 +32,7 @@ from dataservice.tf_errors import raising_tf_errors
 from dataservice.transfer import grpc_service, local, shared_memory, tcp
 from dataservice.transfer.element_codec import ElementCodec
 from dataservice.v1 import common_pb2, dispatcher_pb2, worker_pb2
-from dataservice.worker import delivery, sandbox, streaming, worker_state
+from dataservice.worker import sandbox, streaming, worker_state
 from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator
 from dataservice.worker.cross_trainer_cache import CACHE_CHUNK_ELEMENTS, CachingTaskRunner
 from dataservice.worker.dataset_cache import DatasetCache, DatasetDef
@@ -85,8 +85,7 @@ class WorkerServer:
         # This process's id for the dispatcher: a worker restarted at the same address is a new one.
         self._uid = random.getrandbits(63) | 1
         self._budget = MemoryBudget(resolved(config.memory_budget_bytes))
-        # Finished tasks are remembered as long as their clients' delivery records are kept.
-        self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set, budget=self._budget, retain_s=delivery.RETAIN_S)
+        self._tasks = TaskBook(on_unknown_task=self._heartbeat_now.set, budget=self._budget)
         self._production = ProductionTotals()
         self._streams = streams = streaming.StreamContext(
             self.address, self._tasks, self.report_finished, budget=self._budget
