@@ -384,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         python_stderr_apart()
     logs.configure(args.log_level, args.log_format)
     if args.role == "worker":
+        allocator.cap_arenas()
         allocator.keep_freed_memory()
         if config.data_roots:
             try:

@@ -169,6 +169,64 @@ def test_workers_keep_freed_memory_on_glibc():
     assert result.stdout.strip() == "True", result.stderr
 
 
+# Starts threads that each allocate while all are alive (glibc gives each new thread an arena of
+# its own while it may make more), then prints the limit cap_arenas() set (or None) and the
+# arenas glibc reports (malloc_info's <heap> elements).
+_ARENAS_AFTER_THREADS = """
+import ctypes, os, sys, tempfile, threading
+from dataservice.transfer import allocator
+limit = allocator.cap_arenas() if sys.argv[1] == "capped" else None
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+threads = int(sys.argv[2])
+all_allocated = threading.Barrier(threads + 1)
+def allocate():
+    libc.malloc(4096)
+    all_allocated.wait()
+started = [threading.Thread(target=allocate) for _ in range(threads)]
+for t in started:
+    t.start()
+all_allocated.wait()
+for t in started:
+    t.join()
+with tempfile.NamedTemporaryFile("r") as report:
+    stream = libc.fopen(report.name.encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    print(limit, report.read().count("<heap nr="))
+"""
+
+
+def test_workers_cap_glibc_arenas_at_their_cores():
+    cores = len(os.sched_getaffinity(0))
+    threads = max(2, cores) + 4
+
+    def arenas(how: str) -> tuple[str, int]:
+        env = {k: v for k, v in os.environ.items() if k != allocator.ARENA_MAX_ENV}
+        result = subprocess.run(
+            [sys.executable, "-c", _ARENAS_AFTER_THREADS, how, str(threads)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert result.returncode == 0, result.stderr
+        limit, count = result.stdout.split()
+        return limit, int(count)
+
+    limit, capped = arenas("capped")
+    assert limit == str(max(2, cores))
+    assert capped <= max(2, cores), capped
+    # glibc's default (eight a core) gives every one of these threads an arena of its own.
+    _, uncapped = arenas("default")
+    assert uncapped > max(2, cores), uncapped
+
+
 # Reads large elements from an in-process cluster, then reports how much freed heap memory
 # glibc keeps (mallinfo2's fordblks) after a 4 MiB allocation is freed.
 _FREED_AFTER_LARGE_READS = """
