@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import threading
@@ -54,8 +55,10 @@ _client_lock = threading.Lock()
 _client_done = False
 
 
+@functools.cache
 def _mallopt():
-    """glibc's mallopt, or None where the C library is not glibc."""
+    """glibc's mallopt, or None where the C library is not glibc. Looked up once a process:
+    find_library runs ldconfig, and a worker sets its arenas and thresholds one after the other."""
     name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(name or "libc.so.6").mallopt

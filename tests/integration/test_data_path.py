@@ -202,9 +202,9 @@ with tempfile.NamedTemporaryFile("r") as report:
 """
 
 
-def test_workers_cap_glibc_arenas_at_their_cores():
-    cores = len(os.sched_getaffinity(0))
-    threads = max(2, cores) + 4
+def test_the_arena_cap_limits_glibc_to_the_cores():
+    cap = max(2, len(os.sched_getaffinity(0)))
+    threads = cap + 4
 
     def arenas(how: str) -> tuple[str, int]:
         env = {k: v for k, v in os.environ.items() if k != allocator.ARENA_MAX_ENV}
@@ -220,11 +220,11 @@ def test_workers_cap_glibc_arenas_at_their_cores():
         return limit, int(count)
 
     limit, capped = arenas("capped")
-    assert limit == str(max(2, cores))
-    assert capped <= max(2, cores), capped
+    assert limit == str(cap)
+    assert capped <= cap, capped
     # glibc's default (eight a core) gives every one of these threads an arena of its own.
     _, uncapped = arenas("default")
-    assert uncapped > max(2, cores), uncapped
+    assert uncapped > cap, uncapped
 
 
 # Reads large elements from an in-process cluster, then reports how much freed heap memory
