@@ -25,6 +25,15 @@ TensorFlow's batching drops the elements it has collected when its input
 fails, so an error in the middle of a chunk loses that chunk's elements
 before it: a client gets every element of the chunks before, then the error.
 
+A task's pipeline ends without an error crossing into Python: every
+OutOfRangeError an eager op raises keeps a few hundred bytes inside
+TensorFlow (its rendezvous for the failed step) for the life of the process,
+so a worker that ends task after task for weeks would grow by that much per
+task. The iterator reads its chunks followed by an end marker, a chunk of one
+more dimension than any real one, and stops at the marker without asking for
+more; composite elements, whose structure has no such marker, are read
+through an Optional, which ends with an empty value instead of an error.
+
 The iterator is an object rather than a generator so that its owner decides
 when the pipeline's tf.data iterator is destroyed: with autotune on, that
 destruction can block for a second or more (TensorFlow waits for its model
@@ -33,6 +42,7 @@ optimization), and the end of a task must not wait for it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -95,7 +105,8 @@ class ProductionRate:
         cap = UNMEASURED_CAP if per_element is None else int(CHUNK_SECONDS / max(per_element, 1e-9))
         if element_bytes:
             cap = min(cap, CHUNK_BYTES // element_bytes)
-        return max(1, min(cap, MAX_CHUNK_ELEMENTS))
+        # A power of two: tasks at nearby rates share a cap, and so their chunked pipeline.
+        return 1 << (max(1, min(cap, MAX_CHUNK_ELEMENTS)).bit_length() - 1)
 
 
 def chunk_schedule(cap: int) -> list[int]:
@@ -113,40 +124,90 @@ def batches_in_graph(codec: ElementCodec) -> bool:
     return codec.plain and codec.fixed_shapes and codec.element_bytes < PER_ELEMENT_BYTES
 
 
+def _end_rank(chunks: tf.data.Dataset) -> int | None:
+    """The rank of the chunks' first component, where every component's rank is known (else
+    None: no end marker can be told apart)."""
+    ranks = [spec.shape.rank for spec in tf.nest.flatten(chunks.element_spec)]
+    return None if None in ranks else ranks[0]
+
+
+def _end_marker(spec: object) -> tf.data.Dataset:
+    """One element of the chunks' structure whose every component is empty and has one more
+    dimension than the chunks' own."""
+    return tf.data.Dataset.from_tensors(
+        tf.nest.map_structure(lambda s: tf.zeros([0] * (s.shape.rank + 1), s.dtype), spec)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedDataset:
+    """A pipeline followed by what collects its chunks and the end marker: what a ChunkIterator
+    iterates. Built once per pipeline and chunk cap where the pipeline object is reused
+    (parallel_epochs tasks): TensorFlow keeps some bytes for every dataset object it makes and
+    for the first iterator of each, for the life of the process."""
+
+    # Held for as long as any iterator of `chunks`: a rebuilt pipeline's function must outlive
+    # them (see splits.rebuild_with_splits).
+    source: tf.data.Dataset
+    chunks: tf.data.Dataset
+    in_graph: bool
+    cap: int
+    # The rank of a real chunk's first component (the end marker has one more); None where the
+    # chunks carry no marker and are read through an Optional.
+    chunk_rank: int | None
+
+
+def chunk_cap(codec: ElementCodec, rate: ProductionRate, max_chunk: int = MAX_CHUNK_ELEMENTS) -> int:
+    """The chunk cap a task of the dataset gets now (1 where the pipeline's ops do not batch)."""
+    return min(rate.chunk_cap(codec.element_bytes), max_chunk) if batches_in_graph(codec) else 1
+
+
+def chunked_dataset(dataset: tf.data.Dataset, codec: ElementCodec, cap: int) -> ChunkedDataset:
+    in_graph = batches_in_graph(codec)
+    if in_graph and cap > 1:
+        chunks = dataset.batch(1).rebatch(chunk_schedule(cap))
+    elif in_graph:
+        chunks = dataset.batch(1)
+    else:
+        chunks = dataset
+    chunk_rank = _end_rank(chunks) if codec.plain else None
+    if chunk_rank is not None:
+        try:
+            chunks = chunks.concatenate(_end_marker(chunks.element_spec))
+        except (TypeError, ValueError, tf.errors.OpError):  # a dtype tf.zeros cannot make
+            chunk_rank = None
+    return ChunkedDataset(dataset, chunks, in_graph, cap if in_graph else 1, chunk_rank)
+
+
 class ChunkIterator:
     """The dataset's elements as chunks; `rate` is the dataset's, which the iterator both reads
     (for its schedule) and updates. `max_chunk` caps the chunks (a task that must not produce
-    far ahead of its readers, as the cross-trainer cache's)."""
+    far ahead of its readers, as the cross-trainer cache's). `chunked`, where given, is the
+    dataset already chunked (chunked_dataset), and `dataset` and `max_chunk` are not used."""
 
     def __init__(
         self,
-        dataset: tf.data.Dataset,
+        dataset: tf.data.Dataset | None,
         codec: ElementCodec,
         rate: ProductionRate | None = None,
         max_chunk: int = MAX_CHUNK_ELEMENTS,
+        chunked: ChunkedDataset | None = None,
     ):
         self._codec = codec
         self._rate = rate or ProductionRate()
-        # Held for as long as the iterator: a rebuilt pipeline's function must outlive it
-        # (see splits.rebuild_with_splits).
-        self._dataset = dataset
-        self.in_graph = batches_in_graph(codec)
-        self.cap = min(self._rate.chunk_cap(codec.element_bytes), max_chunk) if self.in_graph else 1
-        if self.in_graph and self.cap > 1:
-            chunks = dataset.batch(1).rebatch(chunk_schedule(self.cap))
-        elif self.in_graph:
-            chunks = dataset.batch(1)
-        else:
-            chunks = dataset
-        self._iterator = iter(chunks)
-        plain = codec.plain
+        if chunked is None:
+            assert dataset is not None
+            chunked = chunked_dataset(dataset, codec, chunk_cap(codec, self._rate, max_chunk))
+        self._chunked = chunked
+        self.in_graph = chunked.in_graph
+        self.cap = chunked.cap
+        self._chunk_rank = chunked.chunk_rank
+        self._iterator = iter(chunked.chunks)
         resource = tf_internal.iterator_resource(self._iterator)
-        self._resource: tf.Tensor | None = resource if plain else None
-        specs = codec.component_specs
-        self._types = [spec.dtype for spec in specs]
-        self._shapes = [
-            tf.TensorShape([None]).concatenate(spec.shape) if self.in_graph else spec.shape for spec in specs
-        ]
+        self._resource: tf.Tensor | None = resource if self._chunk_rank is not None else None
+        self._types = [spec.dtype for spec in codec.component_specs]
+        # The marker relaxes the chunks' shapes to unknown ranks, and IteratorGetNext checks them.
+        self._shapes = [tf.TensorShape(None)] * len(self._types)
         # The first chunk's time includes the pipeline's start (buffers filling, files opening): not a rate.
         self._started = False
         # peek(): the next chunk, or the exception that computing it raised.
@@ -176,13 +237,14 @@ class ChunkIterator:
     def _compute_next(self) -> Chunk:
         started = time.perf_counter()
         if self._resource is None:
-            element = next(self._iterator)
-            tensors = tf.nest.flatten(element, expand_composites=True)
+            optional = self._iterator.get_next_as_optional()
+            if not optional.has_value():
+                raise StopIteration
+            tensors = tf.nest.flatten(optional.get_value(), expand_composites=True)
         else:
-            try:
-                tensors = tf_internal.iterator_get_next(self._resource, self._types, self._shapes)
-            except tf.errors.OutOfRangeError:
-                raise StopIteration from None
+            tensors = tf_internal.iterator_get_next(self._resource, self._types, self._shapes)
+            if tensors[0].shape.rank != self._chunk_rank:
+                raise StopIteration
         chunk = self._codec.batch_chunk(tensors) if self.in_graph else self._codec.element_chunk(tensors)
         if self._started:
             self._rate.record(chunk.num_elements, time.perf_counter() - started)

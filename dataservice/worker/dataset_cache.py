@@ -6,7 +6,10 @@ pipeline (more for the first iterator of a dataset object than for later
 ones; README, "Figures behind the defaults"). So a worker keeps the datasets it
 has built: parallel_epochs tasks iterate the same dataset object again, as a
 local training loop iterates one dataset every epoch (`cache()` behaves as
-it does locally). A pipeline with a seeded shuffle is the exception: each
+it does locally). Its chunked form (chunk_iterator.ChunkedDataset) is kept too, per
+chunk cap: TensorFlow keeps a few hundred bytes for each dataset object made
+and each first iterator of one, for the life of the process, and a worker runs
+task after task for weeks. A pipeline with a seeded shuffle is the exception: each
 task gets a copy of its own whose seeds derive from the task's repetition
 (pipeline/seeds.py), so that epochs reshuffle as they do locally and a task
 that replays another shuffles the same way. And when the dispatcher
@@ -33,7 +36,14 @@ import tensorflow as tf
 from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import seeds
 from dataservice.transfer.element_codec import ElementCodec
-from dataservice.worker.chunk_iterator import MAX_CHUNK_ELEMENTS, ChunkIterator, ProductionRate
+from dataservice.worker.chunk_iterator import (
+    MAX_CHUNK_ELEMENTS,
+    ChunkedDataset,
+    ChunkIterator,
+    ProductionRate,
+    chunk_cap,
+    chunked_dataset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,8 @@ class _Entry:
         # How fast its pipeline runs on this worker: sizes the chunks of its next tasks.
         self.rate = ProductionRate()
         self.whole: tf.data.Dataset | None = None
+        # The whole dataset chunked, by chunk cap (a few powers of two).
+        self.whole_chunked: dict[int, ChunkedDataset] = {}
         # A seeded shuffle or random source: each task builds its own copy (pipeline/seeds.py).
         self.seeded = seeds.has_seed_generators(graph_lib.parse_graph(graph_def))
 
@@ -127,7 +139,15 @@ class DatasetCache:
         """An iterator over `dataset` (a pipeline of the dataset `dataset_id`) in chunks sized by
         the dataset's measured rate, of at most `max_chunk` elements."""
         entry = self._entry(dataset_id)
-        return ChunkIterator(dataset, entry.codec, entry.rate, max_chunk)
+        cap = chunk_cap(entry.codec, entry.rate, max_chunk)
+        with self._lock:
+            chunked = entry.whole_chunked.get(cap) if dataset is entry.whole else None
+        if chunked is None:
+            chunked = chunked_dataset(dataset, entry.codec, cap)
+            if dataset is entry.whole:
+                with self._lock:
+                    chunked = entry.whole_chunked.setdefault(cap, chunked)
+        return ChunkIterator(None, entry.codec, entry.rate, chunked=chunked)
 
     def whole_dataset(self, dataset_id: str) -> tf.data.Dataset:
         """The whole pipeline, built once and reused by every task that runs it whole."""

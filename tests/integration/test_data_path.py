@@ -227,6 +227,58 @@ def test_the_arena_cap_limits_glibc_to_the_cores():
     assert uncapped > cap, uncapped
 
 
+# Runs parallel_epochs-style tasks (each a fresh iterator over the worker's whole dataset, read to
+# its end) and prints how many bytes of malloc'd memory each task left in use (mallinfo2's
+# uordblks, after warming up). TensorFlow keeps a few hundred bytes for every OutOfRangeError an
+# eager op raises and for every dataset object made and first iterated.
+_BYTES_KEPT_PER_TASK = """
+import ctypes, gc, sys
+import tensorflow as tf
+from dataservice.pipeline import graph as graph_lib
+from dataservice.worker.dataset_cache import DatasetCache
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+if sys.argv[1] == "small":
+    dataset, count = tf.data.Dataset.range(20), 20
+else:
+    dataset, count = tf.data.Dataset.range(3).map(lambda i: tf.fill([70000], i)), 3
+definition = (graph_lib.serialize_dataset(dataset), dataset.element_spec)
+cache = DatasetCache(lambda dataset_id: definition)
+
+def task():
+    assert sum(chunk.num_elements for chunk in cache.whole_iterator("d")) == count
+
+for _ in range(200):
+    task()
+gc.collect()
+before = libc.mallinfo2().uordblks
+tasks = 800
+for _ in range(tasks):
+    task()
+gc.collect()
+print((libc.mallinfo2().uordblks - before) / tasks)
+"""
+
+
+@pytest.mark.parametrize("elements", ["small", "large"])
+def test_a_finished_task_leaves_no_memory_behind(elements):
+    # Small elements are chunked by the pipeline's ops, large ones taken one a call.
+    result = subprocess.run(
+        [sys.executable, "-c", _BYTES_KEPT_PER_TASK, elements], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    kept = float(result.stdout.split()[-1])
+    # Ending tasks with OutOfRangeError and making the chunked pipeline anew for each kept
+    # 750-1,050 bytes a task; what is left is noise and the large elements' map function.
+    assert kept < 250, f"each task left {kept:.0f} bytes in use"
+
+
 # Reads large elements from an in-process cluster, then reports how much freed heap memory
 # glibc keeps (mallinfo2's fordblks) after a 4 MiB allocation is freed.
 _FREED_AFTER_LARGE_READS = """
