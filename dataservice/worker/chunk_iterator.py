@@ -180,24 +180,12 @@ def chunked_dataset(dataset: tf.data.Dataset, codec: ElementCodec, cap: int) -> 
 
 
 class ChunkIterator:
-    """The dataset's elements as chunks; `rate` is the dataset's, which the iterator both reads
-    (for its schedule) and updates. `max_chunk` caps the chunks (a task that must not produce
-    far ahead of its readers, as the cross-trainer cache's). `chunked`, where given, is the
-    dataset already chunked (chunked_dataset), and `dataset` and `max_chunk` are not used."""
+    """The elements of a chunked dataset (chunked_dataset) as chunks; `rate` is the dataset's,
+    which the iterator both reads (for its schedule) and updates."""
 
-    def __init__(
-        self,
-        dataset: tf.data.Dataset | None,
-        codec: ElementCodec,
-        rate: ProductionRate | None = None,
-        max_chunk: int = MAX_CHUNK_ELEMENTS,
-        chunked: ChunkedDataset | None = None,
-    ):
+    def __init__(self, chunked: ChunkedDataset, codec: ElementCodec, rate: ProductionRate | None = None):
         self._codec = codec
         self._rate = rate or ProductionRate()
-        if chunked is None:
-            assert dataset is not None
-            chunked = chunked_dataset(dataset, codec, chunk_cap(codec, self._rate, max_chunk))
         self._chunked = chunked
         self.in_graph = chunked.in_graph
         self.cap = chunked.cap
@@ -212,6 +200,19 @@ class ChunkIterator:
         self._started = False
         # peek(): the next chunk, or the exception that computing it raised.
         self._peeked: tuple[Chunk | None, BaseException | None] | None = None
+
+    @classmethod
+    def over(
+        cls,
+        dataset: tf.data.Dataset,
+        codec: ElementCodec,
+        rate: ProductionRate | None = None,
+        max_chunk: int = MAX_CHUNK_ELEMENTS,
+    ) -> ChunkIterator:
+        """An iterator over `dataset` chunked afresh; `max_chunk` caps the chunks (a task that
+        must not produce far ahead of its readers, as the cross-trainer cache's)."""
+        rate = rate or ProductionRate()
+        return cls(chunked_dataset(dataset, codec, chunk_cap(codec, rate, max_chunk)), codec, rate)
 
     def __iter__(self) -> ChunkIterator:
         return self

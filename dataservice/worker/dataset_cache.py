@@ -139,15 +139,16 @@ class DatasetCache:
         """An iterator over `dataset` (a pipeline of the dataset `dataset_id`) in chunks sized by
         the dataset's measured rate, of at most `max_chunk` elements."""
         entry = self._entry(dataset_id)
+        if dataset is not entry.whole:
+            return ChunkIterator.over(dataset, entry.codec, entry.rate, max_chunk)
         cap = chunk_cap(entry.codec, entry.rate, max_chunk)
         with self._lock:
-            chunked = entry.whole_chunked.get(cap) if dataset is entry.whole else None
+            chunked = entry.whole_chunked.get(cap)
         if chunked is None:
             chunked = chunked_dataset(dataset, entry.codec, cap)
-            if dataset is entry.whole:
-                with self._lock:
-                    chunked = entry.whole_chunked.setdefault(cap, chunked)
-        return ChunkIterator(None, entry.codec, entry.rate, chunked=chunked)
+            with self._lock:
+                chunked = entry.whole_chunked.setdefault(cap, chunked)
+        return ChunkIterator(chunked, entry.codec, entry.rate)
 
     def whole_dataset(self, dataset_id: str) -> tf.data.Dataset:
         """The whole pipeline, built once and reused by every task that runs it whole."""

@@ -90,7 +90,7 @@ def test_small_fixed_elements_are_batched_in_the_pipeline():
     rate = ProductionRate()
     rate.record(1000, 1000 * 2e-6)
     dataset = tf.data.Dataset.range(5000).map(lambda i: (i, tf.strings.as_string(i)))
-    iterator = ChunkIterator(dataset, ElementCodec(dataset.element_spec), rate)
+    iterator = ChunkIterator.over(dataset, ElementCodec(dataset.element_spec), rate)
     assert iterator.in_graph and iterator.cap == chunk_iterator.MAX_CHUNK_ELEMENTS
     chunks = list(iterator)
     sizes = [c.num_elements for c in chunks]
@@ -110,7 +110,7 @@ def test_small_fixed_elements_are_batched_in_the_pipeline():
     ],
 )
 def test_large_varying_and_composite_elements_are_taken_one_a_call(dataset):
-    iterator = ChunkIterator(dataset, ElementCodec(dataset.element_spec))
+    iterator = ChunkIterator.over(dataset, ElementCodec(dataset.element_spec))
     assert not iterator.in_graph
     assert [c.num_elements for c in iterator] == [1] * 5
 

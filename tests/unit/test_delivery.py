@@ -119,7 +119,7 @@ def _context(elements: int) -> tuple[streaming.StreamContext, ElementCodec]:
     dataset = tf.data.Dataset.range(elements)
     codec = ElementCodec(dataset.element_spec)
     tasks = TaskBook()
-    tasks.add(TASK, lambda: (TaskRunner(TASK, lambda: ChunkIterator(dataset, codec, max_chunk=4), codec), None))
+    tasks.add(TASK, lambda: (TaskRunner(TASK, lambda: ChunkIterator.over(dataset, codec, max_chunk=4), codec), None))
     finished = []
 
     def report_finished(task_id: int) -> None:

@@ -20,7 +20,7 @@ INFINITE = tf.data.Dataset.range(10**9)
 
 def _runner(cls=TaskRunner, **kwargs):
     codec = ElementCodec(INFINITE.element_spec)
-    return cls(1, lambda: ChunkIterator(INFINITE, codec, max_chunk=4), codec, **kwargs)
+    return cls(1, lambda: ChunkIterator.over(INFINITE, codec, max_chunk=4), codec, **kwargs)
 
 
 def test_trainers_that_stop_reading_are_forgotten(monkeypatch):
