@@ -28,15 +28,16 @@ from tensorflow.python.saved_model import nested_structure_coder as _nested_stru
 from tensorflow.python.util import deprecation as _deprecation
 
 
-def serialize_dataset_graph(dataset: tf.data.Dataset) -> bytes:
+def serialize_dataset_graph(dataset: tf.data.Dataset, warn_external_state: bool = True) -> bytes:
     """The pipeline's GraphDef bytes, device assignments stripped so any host can run it; ops with
-    external state (a shuffle's seed generator, say) are kept with a warning, as TensorFlow's
-    service does."""
+    external state (a shuffle's seed generator, say) are kept, with a warning unless
+    `warn_external_state` is False, as TensorFlow's service does."""
+    policy = tf.data.experimental.ExternalStatePolicy
     try:
         return _dataset_value(
             dataset,
             lambda: dataset._as_serialized_graph(
-                external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN,
+                external_state_policy=policy.WARN if warn_external_state else policy.IGNORE,
                 strip_device_assignment=True,
             ),
         )

@@ -33,10 +33,13 @@ elements), and so does a dataset marked `replicate_on_split` (the counter of
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
+import secrets
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +47,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from dataservice import tf_internal
 from dataservice.modes import INFINITE_SPLITS
+from dataservice.pipeline import graph as graph_lib
 
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 SPLITTABLE_OPS = ("RangeDataset", "TensorSliceDataset", "TensorDataset")
@@ -275,18 +279,144 @@ def _repeated_range_dataset(
     return indices.map(lambda _: tuple(tf.constant(c) for c in source.inputs))
 
 
-SplitRanges = Callable[[Source], tf.data.Dataset]
+# One source's split ranges for one task: called each time the pipeline (re)starts the source, it
+# yields that repetition's (begin, end) pairs.
+RangeSupply = Callable[[Source], Iterator[tuple[int, int]]]
+
+_NO_RANGE = (np.int64(-1), np.int64(-1))
+_NO_END = 2**63 - 1
 
 
-def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Source], split_ranges: SplitRanges):
+class SplitPipeline:
+    """A pipeline rebuilt once over its sources' split ranges, made into a dataset per task.
+
+    Rebuilding imports the whole graph into a wrapped function with every
+    source replaced, which costs tens of milliseconds; a worker would pay it at
+    the start of every task of every epoch. So the pipeline is rebuilt once,
+    each source reading its ranges through a Python call that takes a key, and
+    the graph of the rebuilt pipeline is kept. A task's dataset is that graph
+    with the task's key in place of a marker constant, made with
+    DatasetFromGraph (a few milliseconds, one dataset object, and no functions
+    left in the eager context); the call finds the task's RangeSupply under
+    the key.
+    """
+
+    def __init__(
+        self,
+        graph_bytes: bytes,
+        element_spec: Any,
+        finish: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
+    ):
+        """`finish`, where given, is applied to the rebuilt pipeline once, and each task's dataset
+        is its result (the worker's chunking, say)."""
+        self.sources = find_sources(graph_lib.parse_graph(graph_bytes))
+        self._supplies: dict[int, RangeSupply] = {}
+        # (key, source node): the ranges of the repetition each task's source is reading.
+        self._open: dict[tuple[int, str], Iterator[tuple[int, int]]] = {}
+        self._keys = itertools.count(1)
+        # Stands for a task's key in the rebuilt graph; random, so that no constant of the
+        # pipeline's own is taken for it.
+        self._marker = secrets.randbits(62) | (1 << 62)
+        rebuilt, self._keepalive = _rebuild(graph_bytes, element_spec, self.sources, self._ranges)
+        if finish is not None:
+            rebuilt = finish(rebuilt)
+        self.element_spec = rebuilt.element_spec
+        self._graph = _parse(tf_internal.serialize_dataset_graph(rebuilt, warn_external_state=False))
+        self._key_nodes = [node.name for node in self._graph.node if _is_int64_scalar(node, self._marker)]
+        if self.sources and not self._key_nodes:
+            raise RuntimeError("the rebuilt pipeline lost the constant that names its task")
+
+    def dataset(
+        self, supply: RangeSupply, rewrite: Callable[[bytes], bytes] | None = None
+    ) -> tuple[tf.data.Dataset, Any]:
+        """A dataset of the pipeline over the ranges `supply` yields, and what to keep referenced
+        while it is iterated (the supply is forgotten when that goes). `rewrite`, where given,
+        changes the task's graph (its seeds) before it is made."""
+        key = next(self._keys)
+        graph = graph_pb2.GraphDef()
+        graph.CopyFrom(self._graph)
+        nodes = {node.name: node for node in graph.node}
+        for name in self._key_nodes:
+            nodes[name].attr["value"].tensor.CopyFrom(tf.make_tensor_proto(key, tf.int64))
+        graph_bytes = graph.SerializeToString()
+        if rewrite is not None:
+            graph_bytes = rewrite(graph_bytes)
+        self._supplies[key] = supply
+        lease = _Lease(self)
+        weakref.finalize(lease, self._forget, key)
+        return graph_lib.dataset_from_graph(graph_bytes, self.element_spec), lease
+
+    def _ranges(self, source: Source) -> tf.data.Dataset:
+        """The source's ranges in the rebuilt graph: those of the supply under the task's key.
+
+        One Python call per range, asked for only when the pipeline starts the range, and
+        the end signalled by a (-1, -1) pair rather than an error: TensorFlow keeps a few
+        hundred bytes for good for every error a step ends with (a generator's end is one)."""
+        marker = tf.constant(self._marker, tf.int64)
+
+        def next_range(key: np.int64, index: np.int64) -> tuple[np.int64, np.int64]:
+            return self._next_range(int(key), source, int(index))
+
+        def fetch(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            begin, end = tf.numpy_function(next_range, [marker, index], (tf.int64, tf.int64), stateful=True)
+            return tf.reshape(begin, []), tf.reshape(end, [])
+
+        return tf.data.Dataset.range(_NO_END).map(fetch).take_while(lambda begin, end: begin >= 0)
+
+    def _next_range(self, key: int, source: Source, index: int) -> tuple[np.int64, np.int64]:
+        """Range `index` of the source's current repetition for the task under `key`; index 0
+        starts a repetition (the pipeline started the source anew)."""
+        if index == 0:
+            supply = self._supplies.get(key)
+            if supply is None:  # the task's dataset is gone
+                return _NO_RANGE
+            self._open[key, source.node_name] = supply(source)
+        ranges = self._open.get((key, source.node_name))
+        split_range = next(ranges, None) if ranges is not None else None
+        if split_range is None:
+            self._open.pop((key, source.node_name), None)
+            return _NO_RANGE
+        return np.int64(split_range[0]), np.int64(split_range[1])
+
+    def _forget(self, key: int) -> None:
+        self._supplies.pop(key, None)
+        for open_key in [k for k in list(self._open) if k[0] == key]:
+            self._open.pop(open_key, None)
+
+
+class _Lease:
+    """Keeps a SplitPipeline (the Python function its ranges call) alive while a task's dataset is."""
+
+    def __init__(self, pipeline: SplitPipeline):
+        self.pipeline = pipeline
+
+
+def _parse(graph_bytes: bytes) -> graph_pb2.GraphDef:
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(graph_bytes)
+    return graph
+
+
+def _is_int64_scalar(node: node_def_pb2.NodeDef, value: int) -> bool:
+    if node.op != "Const" or node.attr["dtype"].type != tf.int64.as_datatype_enum:
+        return False
+    array = tf.make_ndarray(node.attr["value"].tensor)
+    return array.shape == () and int(array) == value
+
+
+def _rebuild(
+    graph_bytes: bytes,
+    element_spec: Any,
+    sources: Sequence[Source],
+    split_ranges: Callable[[Source], tf.data.Dataset],
+) -> tuple[tf.data.Dataset, Any]:
     """The pipeline with every source replaced by its elements for the ranges `split_ranges(source)` yields.
 
     `split_ranges(source)` returns a dataset of (begin, end) int64 pairs; it is
     re-iterated each time the pipeline restarts the source (a repeat()).
     Returns (dataset, keepalive): keep `keepalive` referenced while the dataset is used.
     """
-    graph = graph_pb2.GraphDef()
-    graph.ParseFromString(graph_bytes)
+    graph = _parse(graph_bytes)
     nodes = {node.name: node for node in graph.node}
     originals = {s.node_name: node_def_pb2.NodeDef.FromString(nodes[s.node_name].SerializeToString()) for s in sources}
     retval = next(n for n in graph.node if n.op == "_Retval")
@@ -317,10 +447,14 @@ def rebuild_with_splits(graph_bytes: bytes, element_spec, sources: Sequence[Sour
             input_map[s.node_name + ":0"] = tf_internal.variant_tensor(local)
         return tf.graph_util.import_graph_def(graph, input_map=input_map, return_elements=[output], name="")[0]
 
-    wrapped = tf.compat.v1.wrap_function(build, [])
+    # Python functions the pipeline calls (the ranges' generators) live as long as the outermost
+    # graph they were made under: a graph of the pipeline's own, held by the wrapped function, or
+    # they would stay in the process's default graph for good.
+    with tf.Graph().as_default():
+        wrapped = tf.compat.v1.wrap_function(build, [])
     variant = wrapped()
     # The call added the functions the rebuilt pipeline uses to the eager context: they go with
-    # the keepalive, or every task would leave its own there for the process's life.
+    # the keepalive, or every pipeline rebuilt would leave its own there for the process's life.
     used = [f.signature.name for f in wrapped.graph.as_graph_def().library.function]
     weakref.finalize(wrapped, tf_internal.remove_eager_functions, used)
     return tf.data.experimental.from_variant(variant, element_spec), wrapped

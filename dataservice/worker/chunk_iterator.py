@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from typing import Any
 
 import tensorflow as tf
 
@@ -146,9 +147,9 @@ class ChunkedDataset:
     (parallel_epochs tasks): TensorFlow keeps some bytes for every dataset object it makes and
     for the first iterator of each, for the life of the process."""
 
-    # Held for as long as any iterator of `chunks`: a rebuilt pipeline's function must outlive
-    # them (see splits.rebuild_with_splits).
-    source: tf.data.Dataset
+    # Held for as long as any iterator of `chunks`: the pipeline, or what it needs kept alive (a
+    # task's lease on a splits.SplitPipeline).
+    source: Any
     chunks: tf.data.Dataset
     in_graph: bool
     cap: int

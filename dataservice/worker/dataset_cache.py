@@ -9,7 +9,10 @@ local training loop iterates one dataset every epoch (`cache()` behaves as
 it does locally). Its chunked form (chunk_iterator.ChunkedDataset) is kept too, per
 chunk cap: TensorFlow keeps a few hundred bytes for each dataset object made
 and each first iterator of one, for the life of the process, and a worker runs
-task after task for weeks. A pipeline with a seeded shuffle is the exception: each
+task after task for weeks. distributed_epoch tasks each need a dataset of their
+own (over their own split ranges): the pipeline is rebuilt over the splits and
+chunked once per chunk cap (splits.SplitPipeline), and each task's dataset is
+made from that graph. A pipeline with a seeded shuffle is the exception: each
 task gets a copy of its own whose seeds derive from the task's repetition
 (pipeline/seeds.py), so that epochs reshuffle as they do locally and a task
 that replays another shuffles the same way. And when the dispatcher
@@ -34,7 +37,7 @@ from typing import Any
 import tensorflow as tf
 
 from dataservice.pipeline import graph as graph_lib
-from dataservice.pipeline import seeds
+from dataservice.pipeline import seeds, splits
 from dataservice.transfer.element_codec import ElementCodec
 from dataservice.worker.chunk_iterator import (
     MAX_CHUNK_ELEMENTS,
@@ -55,6 +58,8 @@ PREPARE_WAIT_S = 10.0
 
 # (graph_def, element_spec) of a registered dataset.
 DatasetDef = tuple[bytes, Any]
+# How a split pipeline is chunked: ChunkedDataset's in_graph, cap and chunk_rank.
+_ChunkForm = tuple[bool, int, int | None]
 
 
 class _Entry:
@@ -69,6 +74,11 @@ class _Entry:
         self.whole_chunked: dict[int, ChunkedDataset] = {}
         # A seeded shuffle or random source: each task builds its own copy (pipeline/seeds.py).
         self.seeded = seeds.has_seed_generators(graph_lib.parse_graph(graph_def))
+        # The sources distributed_epoch splits, found when its first task comes.
+        self.split_sources: list[splits.Source] | None = None
+        # The pipeline rebuilt over dynamic splits and chunked, by chunk cap (None: not chunked,
+        # for tasks that skip elements first), with how it is chunked.
+        self.split_pipelines: dict[int | None, tuple[splits.SplitPipeline, _ChunkForm | None]] = {}
 
 
 # Names each task's seed generators apart from every other copy's in this process.
@@ -167,6 +177,56 @@ class DatasetCache:
         if not self._entry(dataset_id).seeded:
             return self.whole_dataset(dataset_id)
         return graph_lib.dataset_from_graph(*self.task_definition(dataset_id, repetition))
+
+    def split_sources(self, dataset_id: str) -> list[splits.Source]:
+        """The sources of the dataset's pipeline that distributed_epoch splits."""
+        entry = self._entry(dataset_id)
+        if entry.split_sources is None:
+            entry.split_sources = splits.find_sources(graph_lib.parse_graph(entry.graph_def))
+        return entry.split_sources
+
+    def split_dataset(
+        self, dataset_id: str, repetition: int, supply: splits.RangeSupply
+    ) -> tuple[tf.data.Dataset, Any]:
+        """A task's dataset over the split ranges `supply` yields (and what to keep referenced
+        while it is iterated), with seeds of its own where the pipeline has seed generators."""
+        pipeline, _ = self._split_pipeline(dataset_id, None)
+        return pipeline.dataset(supply, self._reseeding(dataset_id, repetition))
+
+    def split_iterator(
+        self, dataset_id: str, repetition: int, supply: splits.RangeSupply, max_chunk: int = MAX_CHUNK_ELEMENTS
+    ) -> ChunkIterator:
+        """split_dataset's elements in chunks, from a pipeline rebuilt and chunked once per
+        chunk cap: a task makes one dataset object, not one per chunking op."""
+        entry = self._entry(dataset_id)
+        pipeline, form = self._split_pipeline(dataset_id, chunk_cap(entry.codec, entry.rate, max_chunk))
+        assert form is not None
+        chunks, lease = pipeline.dataset(supply, self._reseeding(dataset_id, repetition))
+        chunked = ChunkedDataset(lease, chunks, *form)
+        return ChunkIterator(chunked, entry.codec, entry.rate)
+
+    def _reseeding(self, dataset_id: str, repetition: int) -> Callable[[bytes], bytes] | None:
+        if not self._entry(dataset_id).seeded:
+            return None
+        return lambda graph_def: task_graph(graph_def, repetition)
+
+    def _split_pipeline(self, dataset_id: str, cap: int | None) -> tuple[splits.SplitPipeline, _ChunkForm | None]:
+        entry = self._entry(dataset_id)
+        with self._lock:
+            built = entry.split_pipelines.get(cap)
+        if built is None:
+            forms: list[ChunkedDataset] = []
+
+            def chunk(rebuilt: tf.data.Dataset) -> tf.data.Dataset:
+                assert cap is not None
+                forms.append(chunked_dataset(rebuilt, entry.codec, cap))
+                return forms[0].chunks
+
+            pipeline = splits.SplitPipeline(entry.graph_def, entry.element_spec, None if cap is None else chunk)
+            form = (forms[0].in_graph, forms[0].cap, forms[0].chunk_rank) if forms else None
+            with self._lock:
+                built = entry.split_pipelines.setdefault(cap, (pipeline, form))
+        return built
 
     def whole_iterator(
         self, dataset_id: str, repetition: int = 0, max_chunk: int = MAX_CHUNK_ELEMENTS

@@ -14,14 +14,12 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-import numpy as np
 import tensorflow as tf
 
 from dataservice import status
 from dataservice.monitoring.logs import ids
-from dataservice.pipeline import graph as graph_lib
 from dataservice.pipeline import splits
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.snapshot import layout
@@ -111,26 +109,24 @@ class SnapshotWriters:
             self.start(next_chunk)
 
     def _write(self, chunk: common_pb2.SnapshotChunkDef, name: str, stopped: Callable[[], bool]) -> int:
-        graph_def, element_spec = self._datasets.task_definition(chunk.dataset_id, 0)
+        element_spec = self._datasets.definition(chunk.dataset_id)[1]
         codec = self._datasets.codec(chunk.dataset_id)
         try:
             check_plain_tensors(element_spec)
         except ValueError as e:
             raise status.invalid_argument(str(e)) from None
-        sources = splits.find_sources(graph_lib.parse_graph(graph_def))
         ranges = {r.split_group: (r.begin, r.end) for r in chunk.ranges}
 
-        def split_ranges(source: splits.Source) -> tf.data.Dataset:
-            begin, end = ranges.get(source.group, (0, 0))
-            return tf.data.Dataset.from_tensors((np.int64(begin), np.int64(end)))
+        def supply(source: splits.Source) -> Iterator[tuple[int, int]]:
+            yield ranges.get(source.group, (0, 0))
 
-        dataset, keepalive = splits.rebuild_with_splits(graph_def, element_spec, sources, split_ranges)
+        chunks = self._datasets.split_iterator(chunk.dataset_id, 0, supply)
         os.makedirs(layout.uncommitted_dir(chunk.path, chunk.chunk_index), exist_ok=True)
         writer = ChunkWriter(
             layout.uncommitted_file(chunk.path, chunk.chunk_index, name), chunk.compression, codec.dtype_enums
         )
         try:
-            for produced in self._datasets.chunk_iterator(chunk.dataset_id, dataset):
+            for produced in chunks:
                 if stopped():
                     raise ChunkStopped()
                 for i in range(produced.num_elements):
@@ -139,7 +135,6 @@ class SnapshotWriters:
         except BaseException:
             writer.abort()
             raise
-        del keepalive
         return writer.elements
 
     def _report_error(self, chunk: common_pb2.SnapshotChunkDef, error: BaseException) -> None:

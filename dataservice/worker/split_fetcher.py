@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
-
-import numpy as np
-import tensorflow as tf
+from collections.abc import Iterator
 
 from dataservice import status
 from dataservice.pipeline.splits import Source
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.v1 import dispatcher_pb2
-
-_RANGE_SIGNATURE = (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64))
-
 
 _log = logging.getLogger(__name__)
 
@@ -55,24 +50,20 @@ class SplitFetcher:
         self._repetitions: dict[str, int] = {s.node_name: -1 for s in sources}
         self._group_of = {s.node_name: s.group for s in sources}
 
-    def ranges(self, source: Source) -> tf.data.Dataset:
-        """(begin, end) pairs for `source`: a new repetition each time it is iterated, one range read ahead."""
-
-        def generate():
-            with self._cond:
-                repetition = self._repetitions[source.node_name] + 1
-                self._repetitions[source.node_name] = repetition
-                self._forget_passed(source.group)
-            index = 0
-            while True:
-                split_range = self._range(source.group, repetition, index)
-                if split_range is None:
-                    return
-                yield np.int64(split_range[0]), np.int64(split_range[1])
-                index += 1
-
-        # No prefetch: the generator must run when the pipeline starts a range (see _range).
-        return tf.data.Dataset.from_generator(generate, output_signature=_RANGE_SIGNATURE)
+    def ranges(self, source: Source) -> Iterator[tuple[int, int]]:
+        """(begin, end) pairs for `source` (a splits.RangeSupply): a new repetition each call,
+        each range yielded once the dispatcher knows it starts (see _range)."""
+        with self._cond:
+            repetition = self._repetitions[source.node_name] + 1
+            self._repetitions[source.node_name] = repetition
+            self._forget_passed(source.group)
+        index = 0
+        while True:
+            split_range = self._range(source.group, repetition, index)
+            if split_range is None:
+                return
+            yield split_range
+            index += 1
 
     def _forget_passed(self, group: int) -> None:
         """Drops the ranges of repetitions that every source of the group has moved past."""

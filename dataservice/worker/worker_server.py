@@ -25,7 +25,7 @@ from dataservice.monitoring.health import HealthReporter
 from dataservice.monitoring.http_server import MonitoringServer
 from dataservice.monitoring.logs import ids
 from dataservice.pipeline import graph as graph_lib
-from dataservice.pipeline import policy, sharding, splits
+from dataservice.pipeline import policy, sharding
 from dataservice.rpc import servers, tls
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.tf_errors import raising_tf_errors
@@ -382,10 +382,11 @@ class WorkerServer:
         self._datasets.rate(task.dataset_id).suggest(task.seconds_per_element)
         keepalive = None
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
-            graph_def, element_spec = self._datasets.task_definition(task.dataset_id, task.repetition)
-            sources = splits.find_sources(graph_lib.parse_graph(graph_def))
+            sources = self._datasets.split_sources(task.dataset_id)
             fetcher = SplitFetcher(self._dispatcher, task.iteration_id, task.task_id, sources)
-            dataset, keepalive = splits.rebuild_with_splits(graph_def, element_spec, sources, fetcher.ranges)
+            if not task.skip_elements:
+                return self._datasets.split_iterator(task.dataset_id, task.repetition, fetcher.ranges, max_chunk)
+            dataset, keepalive = self._datasets.split_dataset(task.dataset_id, task.repetition, fetcher.ranges)
         elif policy in sharding.STATIC_POLICIES:
             dataset = sharding.shard(
                 self._datasets.task_dataset(task.dataset_id, task.repetition),
@@ -400,7 +401,7 @@ class WorkerServer:
         if task.skip_elements:
             # A restored iterator's task: its consumer had taken these before the checkpoint.
             dataset = dataset.skip(task.skip_elements)
-        # A rebuilt graph's function must outlive the dataset's iterator.
+        # The split pipeline (its generator's functions) must outlive the dataset's iterator.
         dataset._dataservice_keepalive = keepalive
         return self._datasets.chunk_iterator(task.dataset_id, dataset, max_chunk)
 

@@ -4,11 +4,12 @@ split groups found in the graph, and the pipeline rebuilt over given split range
 from __future__ import annotations
 
 import gc
+import weakref
 
 import tensorflow as tf
 
 from dataservice.pipeline import graph as graph_lib
-from dataservice.pipeline import splits
+from dataservice.pipeline import seeds, splits
 
 
 def _sources(dataset: tf.data.Dataset) -> list[splits.Source]:
@@ -17,14 +18,12 @@ def _sources(dataset: tf.data.Dataset) -> list[splits.Source]:
 
 def _rebuilt(dataset: tf.data.Dataset, ranges: list[tuple[int, int]]) -> list:
     """The dataset rebuilt with every source reading `ranges` of its group's splits."""
-    graph_bytes = graph_lib.serialize_dataset(dataset)
-    sources = splits.find_sources(graph_lib.parse_graph(graph_bytes))
-    rebuilt, keepalive = splits.rebuild_with_splits(
-        graph_bytes,
-        dataset.element_spec,
-        sources,
-        lambda _: tf.data.Dataset.from_tensor_slices(tf.constant(ranges, tf.int64)).map(lambda r: (r[0], r[1])),
-    )
+    pipeline = splits.SplitPipeline(graph_lib.serialize_dataset(dataset), dataset.element_spec)
+    return _read(pipeline, lambda _: iter(ranges))
+
+
+def _read(pipeline: splits.SplitPipeline, supply: splits.RangeSupply) -> list:
+    rebuilt, keepalive = pipeline.dataset(supply)
     got = [tf.nest.map_structure(_plain, e) for e in rebuilt]
     del keepalive
     return got
@@ -97,18 +96,72 @@ def test_the_counter_of_enumerate_runs_whole_on_every_worker():
     assert _rebuilt(pipeline, [(2, 4)]) == [(0, b"c"), (1, b"d")]
 
 
-def test_a_rebuilt_pipelines_functions_leave_the_eager_context_with_it():
-    """Each rebuild adds its pipeline's functions (its maps, the ranges' generator) to the
-    eager context; a worker rebuilds once per task, so they must go when the task's dataset does."""
+def _eager_functions() -> int:
     from tensorflow.python.eager import context
 
-    def functions() -> int:
-        gc.collect()
-        return len(context.context().list_function_names())
+    gc.collect()
+    return len(context.context().list_function_names())
 
+
+def test_a_rebuilt_pipelines_functions_leave_the_eager_context_with_it():
+    """Rebuilding adds the pipeline's functions (its maps, the ranges' generator) to the eager
+    context; a worker rebuilds each dataset it runs in distributed_epoch, so they must go
+    when the pipeline does."""
     dataset = tf.data.Dataset.range(20).map(lambda x: x * 2).filter(lambda x: x % 3 > 0)
     assert _rebuilt(dataset, [(0, 10)])  # whatever the first rebuild leaves for good
-    before = functions()
+    before = _eager_functions(), _python_functions()
     for _ in range(5):
         assert _rebuilt(dataset, [(0, 10), (10, 20)]) == [x * 2 for x in range(20) if (x * 2) % 3 > 0]
-    assert functions() == before
+    assert (_eager_functions(), _python_functions()) == before
+
+
+def _python_functions() -> int:
+    """The Python functions (py_func, from_generator) TensorFlow keeps for the process's default graph."""
+    return len(getattr(tf.compat.v1.get_default_graph(), "_py_funcs_used_in_graph", []))
+
+
+class _Supply:
+    """A task's ranges; an object, so that the test can see when the pipeline lets it go."""
+
+    def __init__(self, ranges: list[tuple[int, int]]):
+        self.ranges = ranges
+        self.calls = 0
+
+    def __call__(self, source: splits.Source):
+        self.calls += 1
+        return iter(self.ranges)
+
+
+def test_one_rebuilt_pipeline_serves_each_task_its_own_ranges_and_forgets_them_after():
+    dataset = tf.data.Dataset.range(100).map(lambda x: x + 1).repeat(2)
+    pipeline = splits.SplitPipeline(graph_lib.serialize_dataset(dataset), dataset.element_spec)
+    first, second = _Supply([(0, 3)]), _Supply([(10, 12), (50, 51)])
+    first_dataset, first_lease = pipeline.dataset(first)
+    second_dataset, second_lease = pipeline.dataset(second)
+    assert [int(x) for x in second_dataset] == [11, 12, 51] * 2
+    assert [int(x) for x in first_dataset] == [1, 2, 3] * 2
+    assert (first.calls, second.calls) == (2, 2), "each repetition of the repeat asks its task anew"
+    before = _eager_functions()
+    for _ in range(5):
+        assert _read(pipeline, _Supply([(7, 9)])) == [8, 9] * 2
+    assert _eager_functions() == before, "a task's dataset leaves no functions behind"
+    gone = weakref.ref(first)
+    del first, first_dataset, first_lease
+    gc.collect()
+    assert gone() is None, "the pipeline let the finished task's ranges go"
+
+
+def test_a_task_of_a_seeded_shuffle_shuffles_by_its_graph_not_by_the_tasks_before_it():
+    dataset = tf.data.Dataset.range(50).shuffle(50, seed=7)
+    graph_bytes = graph_lib.serialize_dataset(dataset)
+    pipeline = splits.SplitPipeline(graph_bytes, dataset.element_spec)
+
+    def reseeded(instance: str, repetition: int):
+        rewrite = lambda graph: seeds.reseed(graph, instance, repetition)  # noqa: E731
+        rebuilt, lease = pipeline.dataset(lambda _: iter([(0, 50)]), rewrite)
+        return [int(x) for x in rebuilt]
+
+    first = reseeded("a", 0)
+    assert sorted(first) == list(range(50)) and first != list(range(50))
+    assert reseeded("b", 0) == first, "a fresh generator per task: the same order"
+    assert reseeded("c", 1) != first, "another repetition reshuffles"
