@@ -305,11 +305,12 @@ class SplitPipeline:
         self,
         graph_bytes: bytes,
         element_spec: Any,
+        sources: Sequence[Source],
         finish: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
     ):
-        """`finish`, where given, is applied to the rebuilt pipeline once, and each task's dataset
-        is its result (the worker's chunking, say)."""
-        self.sources = find_sources(graph_lib.parse_graph(graph_bytes))
+        """`sources` are the graph's (find_sources). `finish`, where given, is applied to the
+        rebuilt pipeline once, and each task's dataset is its result (the worker's chunking, say)."""
+        self.sources = list(sources)
         self._supplies: dict[int, RangeSupply] = {}
         # (key, source node): the ranges of the repetition each task's source is reading.
         self._open: dict[tuple[int, str], Iterator[tuple[int, int]]] = {}

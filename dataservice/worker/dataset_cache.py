@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import tensorflow as tf
 
@@ -60,6 +60,8 @@ PREPARE_WAIT_S = 10.0
 DatasetDef = tuple[bytes, Any]
 # How a split pipeline is chunked: ChunkedDataset's in_graph, cap and chunk_rank.
 _ChunkForm = tuple[bool, int, int | None]
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
 
 
 class _Entry:
@@ -152,12 +154,7 @@ class DatasetCache:
         if dataset is not entry.whole:
             return ChunkIterator.over(dataset, entry.codec, entry.rate, max_chunk)
         cap = chunk_cap(entry.codec, entry.rate, max_chunk)
-        with self._lock:
-            chunked = entry.whole_chunked.get(cap)
-        if chunked is None:
-            chunked = chunked_dataset(dataset, entry.codec, cap)
-            with self._lock:
-                chunked = entry.whole_chunked.setdefault(cap, chunked)
+        chunked = self._kept(entry.whole_chunked, cap, lambda: chunked_dataset(dataset, entry.codec, cap))
         return ChunkIterator(chunked, entry.codec, entry.rate)
 
     def whole_dataset(self, dataset_id: str) -> tf.data.Dataset:
@@ -212,9 +209,9 @@ class DatasetCache:
 
     def _split_pipeline(self, dataset_id: str, cap: int | None) -> tuple[splits.SplitPipeline, _ChunkForm | None]:
         entry = self._entry(dataset_id)
-        with self._lock:
-            built = entry.split_pipelines.get(cap)
-        if built is None:
+        sources = self.split_sources(dataset_id)
+
+        def build() -> tuple[splits.SplitPipeline, _ChunkForm | None]:
             forms: list[ChunkedDataset] = []
 
             def chunk(rebuilt: tf.data.Dataset) -> tf.data.Dataset:
@@ -222,11 +219,22 @@ class DatasetCache:
                 forms.append(chunked_dataset(rebuilt, entry.codec, cap))
                 return forms[0].chunks
 
-            pipeline = splits.SplitPipeline(entry.graph_def, entry.element_spec, None if cap is None else chunk)
-            form = (forms[0].in_graph, forms[0].cap, forms[0].chunk_rank) if forms else None
+            finish = None if cap is None else chunk
+            pipeline = splits.SplitPipeline(entry.graph_def, entry.element_spec, sources, finish)
+            return pipeline, (forms[0].in_graph, forms[0].cap, forms[0].chunk_rank) if forms else None
+
+        return self._kept(entry.split_pipelines, cap, build)
+
+    def _kept(self, kept: dict[_Key, _Value], key: _Key, build: Callable[[], _Value]) -> _Value:
+        """kept[key], built where missing: outside the lock (building imports graphs), and the
+        first one built is the one kept."""
+        with self._lock:
+            value = kept.get(key)
+        if value is None:
+            value = build()
             with self._lock:
-                built = entry.split_pipelines.setdefault(cap, (pipeline, form))
-        return built
+                value = kept.setdefault(key, value)
+        return value
 
     def whole_iterator(
         self, dataset_id: str, repetition: int = 0, max_chunk: int = MAX_CHUNK_ELEMENTS

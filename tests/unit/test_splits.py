@@ -16,9 +16,14 @@ def _sources(dataset: tf.data.Dataset) -> list[splits.Source]:
     return splits.find_sources(graph_lib.parse_graph(graph_lib.serialize_dataset(dataset)))
 
 
+def _pipeline(dataset: tf.data.Dataset) -> splits.SplitPipeline:
+    graph_bytes = graph_lib.serialize_dataset(dataset)
+    return splits.SplitPipeline(graph_bytes, dataset.element_spec, _sources(dataset))
+
+
 def _rebuilt(dataset: tf.data.Dataset, ranges: list[tuple[int, int]]) -> list:
     """The dataset rebuilt with every source reading `ranges` of its group's splits."""
-    pipeline = splits.SplitPipeline(graph_lib.serialize_dataset(dataset), dataset.element_spec)
+    pipeline = _pipeline(dataset)
     return _read(pipeline, lambda _: iter(ranges))
 
 
@@ -134,7 +139,7 @@ class _Supply:
 
 def test_one_rebuilt_pipeline_serves_each_task_its_own_ranges_and_forgets_them_after():
     dataset = tf.data.Dataset.range(100).map(lambda x: x + 1).repeat(2)
-    pipeline = splits.SplitPipeline(graph_lib.serialize_dataset(dataset), dataset.element_spec)
+    pipeline = _pipeline(dataset)
     first, second = _Supply([(0, 3)]), _Supply([(10, 12), (50, 51)])
     first_dataset, first_lease = pipeline.dataset(first)
     second_dataset, second_lease = pipeline.dataset(second)
@@ -153,8 +158,7 @@ def test_one_rebuilt_pipeline_serves_each_task_its_own_ranges_and_forgets_them_a
 
 def test_a_task_of_a_seeded_shuffle_shuffles_by_its_graph_not_by_the_tasks_before_it():
     dataset = tf.data.Dataset.range(50).shuffle(50, seed=7)
-    graph_bytes = graph_lib.serialize_dataset(dataset)
-    pipeline = splits.SplitPipeline(graph_bytes, dataset.element_spec)
+    pipeline = _pipeline(dataset)
 
     def reseeded(instance: str, repetition: int):
         rewrite = lambda graph: seeds.reseed(graph, instance, repetition)  # noqa: E731
