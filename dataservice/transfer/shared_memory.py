@@ -35,6 +35,12 @@ from dataservice.transfer.chunk import TF_ALIGNMENT
 MAX_RING_BYTES = 256 * 1024 * 1024
 MAX_TOTAL_RING_BYTES = 1024 * 1024 * 1024
 MIN_RING_BYTES = 16 * 1024 * 1024
+# A slot holds one message body. Slots are a ring's eighth, between these sizes: a stream of
+# large elements sends large messages and asks for a large ring, one of small elements small
+# ones; a body larger than its ring's slots goes through the socket.
+RING_SLOTS = 8
+MIN_SLOT_BYTES = 4 * 1024 * 1024 + 64 * 1024
+MAX_SLOT_BYTES = 16 * 1024 * 1024 + 64 * 1024
 
 
 def ring_bytes_for(elements: int, element_bytes: int) -> int:
@@ -42,6 +48,11 @@ def ring_bytes_for(elements: int, element_bytes: int) -> int:
     `element_bytes` (0: unknown, then MAX_RING_BYTES), within [MIN_RING_BYTES, MAX_RING_BYTES]."""
     wanted = 2 * elements * element_bytes if element_bytes else MAX_RING_BYTES
     return max(MIN_RING_BYTES, min(MAX_RING_BYTES, wanted))
+
+
+def slot_bytes_for(ring_bytes: int) -> int:
+    """The slot size of a ring of `ring_bytes`: its RING_SLOTS-th, within [MIN_SLOT_BYTES, MAX_SLOT_BYTES]."""
+    return max(MIN_SLOT_BYTES, min(MAX_SLOT_BYTES, ring_bytes // RING_SLOTS))
 
 
 def available() -> bool:

@@ -31,8 +31,10 @@ from dataservice.worker.task_runner import TaskRunner
 
 DEFAULT_MAX_ELEMENTS_PER_MESSAGE = 4096
 # Large elements travel several to a message: each message costs both ends a few calls into
-# Python and the client one chunk to hand to tf.data, whatever its size.
-MAX_BYTES_PER_MESSAGE = 4 * 1024 * 1024
+# Python and the client one chunk to hand to tf.data, whatever its size (README, "Figures
+# behind the defaults"). A ring of shared memory holds messages of this size in slots of
+# their own (shared_memory.slot_bytes_for).
+MAX_BYTES_PER_MESSAGE = 16 * 1024 * 1024
 # How long a stream for a task the worker has not heard of yet waits for it.
 UNKNOWN_TASK_WAIT_S = 5.0
 _TAKE_POLL_S = 0.5

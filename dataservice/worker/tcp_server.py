@@ -41,8 +41,6 @@ MAX_PENDING = 1024
 MAX_STREAMS_PER_PEER = MAX_STREAMS // 2
 MAX_PENDING_PER_PEER = 64
 FIRST_REQUEST_TIMEOUT_S = 10.0
-# A ring's slots hold a message body of the largest usual size (streaming.py), with its padding.
-_RING_SLOT_BYTES = streaming.MAX_BYTES_PER_MESSAGE + 64 * 1024
 # How long a client may take over its TLS handshake.
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -293,7 +291,7 @@ class _MessageSender:
             self._wants_ring = False  # this stream goes without
             return None
         try:
-            self._ring = shared_memory.Ring(size, _RING_SLOT_BYTES)
+            self._ring = shared_memory.Ring(size, shared_memory.slot_bytes_for(size))
         except OSError as e:
             log.info("no ring of shared memory for a stream: %s", e)
             budget.give_back(size)

@@ -9,6 +9,7 @@ import pytest
 
 from dataservice.transfer import shared_memory
 from dataservice.transfer.chunk import TF_ALIGNMENT
+from dataservice.worker import streaming
 
 pytestmark = pytest.mark.skipif(not shared_memory.available(), reason="no memfd or descriptor passing here")
 
@@ -78,3 +79,17 @@ def test_the_ring_travels_over_a_unix_socket_and_regions_are_released_when_freed
         worker.close()
         client.close()
         ring.close()
+
+
+def test_slots_grow_with_the_ring_so_large_messages_fit_and_small_rings_keep_several():
+    mib = 1024 * 1024
+    smallest = shared_memory.slot_bytes_for(shared_memory.MIN_RING_BYTES)
+    largest = shared_memory.slot_bytes_for(shared_memory.MAX_RING_BYTES)
+    # A stream of small elements asks for the smallest ring: it still holds several messages.
+    assert shared_memory.MIN_RING_BYTES // smallest >= 3
+    # One of 1 MiB elements (64 held, twice that in the ring) gets slots for the largest message.
+    ring_for_large = shared_memory.ring_bytes_for(64, mib)
+    assert shared_memory.slot_bytes_for(ring_for_large) >= streaming.MAX_BYTES_PER_MESSAGE
+    assert ring_for_large // shared_memory.slot_bytes_for(ring_for_large) >= 4
+    assert smallest <= shared_memory.slot_bytes_for(32 * mib) <= largest
+    assert largest == shared_memory.MAX_SLOT_BYTES
