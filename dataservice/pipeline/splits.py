@@ -37,6 +37,7 @@ import itertools
 import math
 import re
 import secrets
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -312,6 +313,9 @@ class SplitPipeline:
         rebuilt pipeline once, and each task's dataset is its result (the worker's chunking, say)."""
         self.sources = list(sources)
         self._supplies: dict[int, RangeSupply] = {}
+        # Seconds each task's supply took to give its ranges (the worker waiting on the
+        # dispatcher's answers): time the pipeline spent, but not on its own work.
+        self._waited: dict[int, float] = {}
         # (key, source node): the ranges of the repetition each task's source is reading.
         self._open: dict[tuple[int, str], Iterator[tuple[int, int]]] = {}
         self._keys = itertools.count(1)
@@ -329,7 +333,7 @@ class SplitPipeline:
 
     def dataset(
         self, supply: RangeSupply, rewrite: Callable[[bytes], bytes] | None = None
-    ) -> tuple[tf.data.Dataset, Any]:
+    ) -> tuple[tf.data.Dataset, TaskLease]:
         """A dataset of the pipeline over the ranges `supply` yields, and what to keep referenced
         while it is iterated (the supply is forgotten when that goes). `rewrite`, where given,
         changes the task's graph (its seeds) before it is made."""
@@ -343,7 +347,8 @@ class SplitPipeline:
         if rewrite is not None:
             graph_bytes = rewrite(graph_bytes)
         self._supplies[key] = supply
-        lease = _Lease(self)
+        self._waited[key] = 0.0
+        lease = TaskLease(self, key)
         weakref.finalize(lease, self._forget, key)
         return graph_lib.dataset_from_graph(graph_bytes, self.element_spec), lease
 
@@ -367,6 +372,7 @@ class SplitPipeline:
     def _next_range(self, key: int, source: Source, index: int) -> tuple[np.int64, np.int64]:
         """Range `index` of the source's current repetition for the task under `key`; index 0
         starts a repetition (the pipeline started the source anew)."""
+        started = time.perf_counter()
         if index == 0:
             supply = self._supplies.get(key)
             if supply is None:  # the task's dataset is gone
@@ -374,22 +380,34 @@ class SplitPipeline:
             self._open[key, source.node_name] = supply(source)
         ranges = self._open.get((key, source.node_name))
         split_range = next(ranges, None) if ranges is not None else None
+        if key in self._waited:
+            self._waited[key] += time.perf_counter() - started
         if split_range is None:
             self._open.pop((key, source.node_name), None)
             return _NO_RANGE
         return np.int64(split_range[0]), np.int64(split_range[1])
 
+    def waited_s(self, key: int) -> float:
+        """Seconds the task under `key` has waited for its ranges so far."""
+        return self._waited.get(key, 0.0)
+
     def _forget(self, key: int) -> None:
         self._supplies.pop(key, None)
+        self._waited.pop(key, None)
         for open_key in [k for k in list(self._open) if k[0] == key]:
             self._open.pop(open_key, None)
 
 
-class _Lease:
+class TaskLease:
     """Keeps a SplitPipeline (the Python function its ranges call) alive while a task's dataset is."""
 
-    def __init__(self, pipeline: SplitPipeline):
+    def __init__(self, pipeline: SplitPipeline, key: int):
         self.pipeline = pipeline
+        self.key = key
+
+    def waited_s(self) -> float:
+        """Seconds the task's dataset has waited for its ranges so far (SplitPipeline.waited_s)."""
+        return self.pipeline.waited_s(self.key)
 
 
 def _parse(graph_bytes: bytes) -> graph_pb2.GraphDef:

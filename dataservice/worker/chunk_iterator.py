@@ -11,7 +11,8 @@ calls into the iterator once per chunk.
 Chunk sizes follow a schedule fixed when the iterator is made: 1, 2, 4, ...
 up to a cap, then the cap. The first element leaves at once, and the cap
 keeps a chunk's production within about CHUNK_SECONDS at the rate the worker
-measured for the dataset before (ProductionRate), and within CHUNK_BYTES;
+measured for the dataset before (ProductionRate: the pipeline's own time,
+without a distributed_epoch task's waits for its splits), and within CHUNK_BYTES;
 a dataset not measured yet gets UNMEASURED_CAP. A slow pipeline therefore
 gets chunks of one element and a fast one chunks of hundreds.
 
@@ -42,9 +43,12 @@ optimization), and the end of a task must not wait for it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import statistics
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -69,35 +73,38 @@ _CAPPED_CHUNKS = 256
 
 
 class ProductionRate:
-    """How long a dataset's pipeline takes per element on this worker (a moving average over
-    its chunks), shared by its tasks."""
+    """How long a dataset's pipeline takes per element on this worker, shared by its tasks: the
+    median over its latest chunks. A chunk's time can include a wait that is not the
+    pipeline's (the GIL held by another thread for its switch interval, a page fault, a
+    preemption); a moving average would let one such chunk of a fast pipeline shrink every
+    later task's chunks for a long while, the median ignores it."""
 
-    _WEIGHT = 0.2
+    WINDOW = 15
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seconds_per_element: float | None = None
+        self._samples: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
+        self._suggested: float | None = None
 
     def record(self, elements: int, seconds: float) -> None:
         if elements <= 0:
             return
-        sample = seconds / elements
         with self._lock:
-            previous = self._seconds_per_element
-            self._seconds_per_element = sample if previous is None else previous + self._WEIGHT * (sample - previous)
+            self._samples.append(seconds / elements)
 
     def suggest(self, seconds_per_element: float) -> None:
         """A rate measured elsewhere (the job's other workers, through the dispatcher), taken
         only while this worker has measured none of its own."""
         if seconds_per_element > 0:
             with self._lock:
-                if self._seconds_per_element is None:
-                    self._seconds_per_element = seconds_per_element
+                self._suggested = seconds_per_element
 
     @property
     def seconds_per_element(self) -> float | None:
         with self._lock:
-            return self._seconds_per_element
+            if not self._samples:
+                return self._suggested
+            return statistics.median(self._samples)
 
     def chunk_cap(self, element_bytes: int) -> int:
         """Elements a chunk may hold: within CHUNK_SECONDS at the measured rate, CHUNK_BYTES
@@ -156,6 +163,10 @@ class ChunkedDataset:
     # The rank of a real chunk's first component (the end marker has one more); None where the
     # chunks carry no marker and are read through an Optional.
     chunk_rank: int | None
+    # Seconds the pipeline has waited so far for input from outside (a distributed_epoch task's
+    # splits, from the dispatcher), where it does: not the pipeline's own work, so no part of
+    # the production rate that sizes chunks.
+    waited_s: Callable[[], float] | None = None
 
 
 def chunk_cap(codec: ElementCodec, rate: ProductionRate, max_chunk: int = MAX_CHUNK_ELEMENTS) -> int:
@@ -238,6 +249,8 @@ class ChunkIterator:
 
     def _compute_next(self) -> Chunk:
         started = time.perf_counter()
+        waited_s = self._chunked.waited_s
+        waited_before = waited_s() if waited_s is not None else 0.0
         if self._resource is None:
             optional = self._iterator.get_next_as_optional()
             if not optional.has_value():
@@ -249,6 +262,10 @@ class ChunkIterator:
                 raise StopIteration
         chunk = self._codec.batch_chunk(tensors) if self.in_graph else self._codec.element_chunk(tensors)
         if self._started:
-            self._rate.record(chunk.num_elements, time.perf_counter() - started)
+            producing_s = time.perf_counter() - started
+            if waited_s is not None:
+                producing_s -= waited_s() - waited_before
+            if producing_s > 0:
+                self._rate.record(chunk.num_elements, producing_s)
         self._started = True
         return chunk

@@ -199,7 +199,7 @@ class DatasetCache:
         pipeline, form = self._split_pipeline(dataset_id, chunk_cap(entry.codec, entry.rate, max_chunk))
         assert form is not None
         chunks, lease = pipeline.dataset(supply, self._reseeding(dataset_id, repetition))
-        chunked = ChunkedDataset(lease, chunks, *form)
+        chunked = ChunkedDataset(lease, chunks, *form, waited_s=lease.waited_s)
         return ChunkIterator(chunked, entry.codec, entry.rate)
 
     def _reseeding(self, dataset_id: str, repetition: int) -> Callable[[bytes], bytes] | None:

@@ -99,6 +99,26 @@ def test_a_pipeline_error_in_the_prepared_first_element_reaches_the_task():
         cache.stop()
 
 
+def test_a_split_tasks_waits_for_its_ranges_are_not_production_time():
+    """Every chunk of this task waits for a range (ranges of 4 elements, chunks of up to 16):
+    timed whole, the chunks would make a fast pipeline look like 3 ms an element, and later
+    tasks would get chunks of one element."""
+    cache = DatasetCache(_Definitions(r=tf.data.Dataset.range(10_000)))
+
+    def slow_supply(source):
+        for begin in range(0, 400, 4):
+            time.sleep(0.012)  # the dispatcher's answer
+            yield begin, begin + 4
+
+    try:
+        elements = sum(chunk.num_elements for chunk in cache.split_iterator("r", 0, slow_supply))
+        assert elements == 400
+        seconds = cache.rate("r").seconds_per_element
+        assert seconds is not None and seconds < 0.0005, f"{seconds * 1e3:.2f} ms an element"
+    finally:
+        cache.stop()
+
+
 def test_shared_channels_are_reused_and_idle_ones_bounded():
     channels = SharedChannels(max_idle=1)
     first = channels.acquire("localhost:1")

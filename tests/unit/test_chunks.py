@@ -86,6 +86,26 @@ def test_the_cap_follows_the_measured_rate_and_the_byte_budget():
     assert slow.chunk_cap(element_bytes=8) == 1
 
 
+def test_one_slow_chunk_does_not_shrink_the_chunks_of_a_fast_pipeline():
+    rate = ProductionRate()
+    for _ in range(ProductionRate.WINDOW - 1):
+        rate.record(512, 512 * 2e-6)
+    rate.record(16, 0.005)  # a chunk that waited 5 ms for the GIL: 300 us an element
+    assert rate.chunk_cap(element_bytes=8) == chunk_iterator.MAX_CHUNK_ELEMENTS
+    for _ in range(ProductionRate.WINDOW // 2 + 1):  # the pipeline did slow down: followed
+        rate.record(1, 0.01)
+    assert rate.chunk_cap(element_bytes=8) == 1
+
+
+def test_a_suggested_rate_stands_only_until_this_worker_measures():
+    rate = ProductionRate()
+    rate.suggest(0.01)
+    assert rate.chunk_cap(element_bytes=8) == 1
+    rate.record(1000, 1000 * 1e-6)
+    rate.suggest(0.01)
+    assert rate.chunk_cap(element_bytes=8) == chunk_iterator.MAX_CHUNK_ELEMENTS
+
+
 def test_small_fixed_elements_are_batched_in_the_pipeline():
     rate = ProductionRate()
     rate.record(1000, 1000 * 2e-6)
