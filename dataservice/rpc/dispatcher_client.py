@@ -268,9 +268,23 @@ class DispatcherClient:
         return json.loads(response.status_json)
 
     def get_splits(
-        self, iteration_id: int, task_id: int, split_group: int, repetition: int, index: int
+        self, iteration_id: int, task_id: int, split_group: int, repetition: int, index: int, max_splits: int = 0
     ) -> dispatcher_pb2.GetSplitsResponse:
-        request = dispatcher_pb2.GetSplitsRequest(
-            iteration_id=iteration_id, task_id=task_id, split_group=split_group, repetition=repetition, index=index
-        )
+        """Range `index` of the group's repetition for the task, of at most `max_splits` splits
+        (0: the dispatcher's default)."""
+        request = splits_request(iteration_id, task_id, split_group, repetition, index, max_splits)
         return self._call(self._stub.GetSplits, request, f"fetching splits for task {task_id}")
+
+
+def splits_request(
+    iteration_id: int, task_id: int, split_group: int, repetition: int, index: int, max_splits: int = 0
+) -> dispatcher_pb2.GetSplitsRequest:
+    """What DispatcherClient.get_splits asks."""
+    return dispatcher_pb2.GetSplitsRequest(
+        iteration_id=iteration_id,
+        task_id=task_id,
+        split_group=split_group,
+        repetition=repetition,
+        index=index,
+        max_splits=max_splits,
+    )

@@ -47,6 +47,7 @@ from dataservice.worker.chunk_iterator import (
     chunk_cap,
     chunked_dataset,
 )
+from dataservice.worker.split_fetcher import SplitRate
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class _Entry:
         self.seeded = seeds.has_seed_generators(graph_lib.parse_graph(graph_def))
         # The sources distributed_epoch splits, found when its first task comes.
         self.split_sources: list[splits.Source] | None = None
+        # How fast its pipeline goes through splits here: sizes its tasks' ranges.
+        self.split_rate = SplitRate()
         # The pipeline rebuilt over dynamic splits and chunked, by chunk cap (None: not chunked,
         # for tasks that skip elements first), with how it is chunked.
         self.split_pipelines: dict[int | None, tuple[splits.SplitPipeline, _ChunkForm | None]] = {}
@@ -144,6 +147,10 @@ class DatasetCache:
     def rate(self, dataset_id: str) -> ProductionRate:
         """How fast the dataset's pipeline runs on this worker."""
         return self._entry(dataset_id).rate
+
+    def split_rate(self, dataset_id: str) -> SplitRate:
+        """How fast the dataset's pipeline goes through its splits on this worker."""
+        return self._entry(dataset_id).split_rate
 
     def chunk_iterator(
         self, dataset_id: str, dataset: tf.data.Dataset, max_chunk: int = MAX_CHUNK_ELEMENTS

@@ -6,12 +6,22 @@ one zip), so zipped sources see the same indices. Each restart of a source
 (a repeat() in the pipeline) reads the next repetition, which the dispatcher
 hands out anew: repeat() inside the pipeline gives every split once per
 repetition across all workers.
+
+How many splits a range holds the task asks for (SplitRate): enough for
+about RANGE_SECONDS of its pipeline's work at the rate measured on this
+worker's earlier ranges of the dataset, so that a range's GetSplits round
+trip (a journal append at the dispatcher) is a small part of producing it;
+and a worker lost with a range started loses about that much work. The
+dispatcher hands out at most a fair share of what is left (split_handout.py).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import statistics
 import threading
+import time
 from collections.abc import Iterator
 
 from dataservice import status
@@ -20,6 +30,38 @@ from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.v1 import dispatcher_pb2
 
 _log = logging.getLogger(__name__)
+
+
+# How long a range should take the pipeline to produce.
+RANGE_SECONDS = 0.1
+# The most splits a task asks for in one range.
+MAX_RANGE_SPLITS = 1 << 20
+
+
+class SplitRate:
+    """How long a dataset's pipeline takes per split on this worker: the median over its latest
+    ranges (from the range handed to the pipeline to its asking for the next), shared by the
+    dataset's tasks."""
+
+    WINDOW = 15
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
+
+    def record(self, splits: int, seconds: float) -> None:
+        if splits > 0:
+            with self._lock:
+                self._samples.append(seconds / splits)
+
+    def range_splits(self) -> int:
+        """The splits to ask for in a range: RANGE_SECONDS' worth, within [1, MAX_RANGE_SPLITS];
+        0 (the dispatcher's default) before any range was measured."""
+        with self._lock:
+            if not self._samples:
+                return 0
+            seconds = statistics.median(self._samples)
+        return max(1, min(MAX_RANGE_SPLITS, int(RANGE_SECONDS / max(seconds, 1e-9))))
 
 
 class _GroupLog:
@@ -41,8 +83,10 @@ class SplitFetcher:
         iteration_id: int,
         task_id: int,
         sources: list[Source],
+        rate: SplitRate | None = None,
     ):
         self._dispatcher = dispatcher
+        self._rate = rate or SplitRate()
         self._iteration_id = iteration_id
         self._task_id = task_id
         self._cond = threading.Condition()
@@ -62,7 +106,10 @@ class SplitFetcher:
             split_range = self._range(source.group, repetition, index)
             if split_range is None:
                 return
+            handed = time.perf_counter()
             yield split_range
+            # Asked for the next range: the pipeline is through this one.
+            self._rate.record(split_range[1] - split_range[0], time.perf_counter() - handed)
             index += 1
 
     def _forget_passed(self, group: int) -> None:
@@ -106,4 +153,6 @@ class SplitFetcher:
             return group_log.ranges[index] if confirmed else None
 
     def _fetch(self, group: int, repetition: int, index: int) -> dispatcher_pb2.GetSplitsResponse:
-        return self._dispatcher.get_splits(self._iteration_id, self._task_id, group, repetition, index)
+        return self._dispatcher.get_splits(
+            self._iteration_id, self._task_id, group, repetition, index, self._rate.range_splits()
+        )

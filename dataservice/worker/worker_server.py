@@ -383,7 +383,9 @@ class WorkerServer:
         keepalive = None
         if policy == common_pb2.SHARDING_POLICY_DYNAMIC:
             sources = self._datasets.split_sources(task.dataset_id)
-            fetcher = SplitFetcher(self._dispatcher, task.iteration_id, task.task_id, sources)
+            fetcher = SplitFetcher(
+                self._dispatcher, task.iteration_id, task.task_id, sources, self._datasets.split_rate(task.dataset_id)
+            )
             if not task.skip_elements:
                 return self._datasets.split_iterator(task.dataset_id, task.repetition, fetcher.ranges, max_chunk)
             dataset, keepalive = self._datasets.split_dataset(task.dataset_id, task.repetition, fetcher.ranges)
