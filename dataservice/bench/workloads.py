@@ -512,6 +512,7 @@ def run(quick: bool, workloads: list[int], json_path: str | None) -> list[dict]:
                 lambda ds: _count(ds)["elements_per_s"],
                 mode="distributed_epoch",
                 ours=OVER_TCP,
+                repeats=repeats,
             )
         if 4 in workloads:
             rates[2] = bench.compare(
