@@ -43,10 +43,7 @@ optimization), and the end of a task must not wait for it.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import statistics
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +53,7 @@ import tensorflow as tf
 from dataservice import tf_internal
 from dataservice.transfer.chunk import Chunk
 from dataservice.transfer.element_codec import ElementCodec
+from dataservice.worker.rates import MedianRate
 
 # Fixed-size elements of at least this many bytes are taken one a call (no batching copy).
 PER_ELEMENT_BYTES = 256 * 1024
@@ -72,39 +70,24 @@ UNMEASURED_CAP = 16
 _CAPPED_CHUNKS = 256
 
 
-class ProductionRate:
-    """How long a dataset's pipeline takes per element on this worker, shared by its tasks: the
-    median over its latest chunks. A chunk's time can include a wait that is not the
-    pipeline's (the GIL held by another thread for its switch interval, a page fault, a
-    preemption); a moving average would let one such chunk of a fast pipeline shrink every
-    later task's chunks for a long while, the median ignores it."""
-
-    WINDOW = 15
+class ProductionRate(MedianRate):
+    """How long a dataset's pipeline takes per element on this worker (rates.MedianRate over
+    its chunks), shared by its tasks."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._samples: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
+        super().__init__()
         self._suggested: float | None = None
-
-    def record(self, elements: int, seconds: float) -> None:
-        if elements <= 0:
-            return
-        with self._lock:
-            self._samples.append(seconds / elements)
 
     def suggest(self, seconds_per_element: float) -> None:
         """A rate measured elsewhere (the job's other workers, through the dispatcher), taken
         only while this worker has measured none of its own."""
         if seconds_per_element > 0:
-            with self._lock:
-                self._suggested = seconds_per_element
+            self._suggested = seconds_per_element
 
     @property
     def seconds_per_element(self) -> float | None:
-        with self._lock:
-            if not self._samples:
-                return self._suggested
-            return statistics.median(self._samples)
+        measured = self.measured()
+        return self._suggested if measured is None else measured
 
     def chunk_cap(self, element_bytes: int) -> int:
         """Elements a chunk may hold: within CHUNK_SECONDS at the measured rate, CHUNK_BYTES

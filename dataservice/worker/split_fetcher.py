@@ -17,9 +17,7 @@ dispatcher hands out at most a fair share of what is left (split_handout.py).
 
 from __future__ import annotations
 
-import collections
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from dataservice import status
 from dataservice.pipeline.splits import Source
 from dataservice.rpc.dispatcher_client import DispatcherClient
 from dataservice.v1 import dispatcher_pb2
+from dataservice.worker.rates import MedianRate
 
 _log = logging.getLogger(__name__)
 
@@ -38,29 +37,17 @@ RANGE_SECONDS = 0.1
 MAX_RANGE_SPLITS = 1 << 20
 
 
-class SplitRate:
-    """How long a dataset's pipeline takes per split on this worker: the median over its latest
-    ranges (from the range handed to the pipeline to its asking for the next), shared by the
-    dataset's tasks."""
-
-    WINDOW = 15
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._samples: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
-
-    def record(self, splits: int, seconds: float) -> None:
-        if splits > 0:
-            with self._lock:
-                self._samples.append(seconds / splits)
+class SplitRate(MedianRate):
+    """How long a dataset's pipeline takes per split on this worker (rates.MedianRate over its
+    ranges, each from being handed to the pipeline to the pipeline's asking for the next),
+    shared by the dataset's tasks."""
 
     def range_splits(self) -> int:
         """The splits to ask for in a range: RANGE_SECONDS' worth, within [1, MAX_RANGE_SPLITS];
         0 (the dispatcher's default) before any range was measured."""
-        with self._lock:
-            if not self._samples:
-                return 0
-            seconds = statistics.median(self._samples)
+        seconds = self.measured()
+        if seconds is None:
+            return 0
         return max(1, min(MAX_RANGE_SPLITS, int(RANGE_SECONDS / max(seconds, 1e-9))))
 
 
