@@ -157,7 +157,9 @@ def chunk_cap(codec: ElementCodec, rate: ProductionRate, max_chunk: int = MAX_CH
     return min(rate.chunk_cap(codec.element_bytes), max_chunk) if batches_in_graph(codec) else 1
 
 
-def chunked_dataset(dataset: tf.data.Dataset, codec: ElementCodec, cap: int) -> ChunkedDataset:
+def chunked_dataset(
+    dataset: tf.data.Dataset, codec: ElementCodec, cap: int, waited_s: Callable[[], float] | None = None
+) -> ChunkedDataset:
     in_graph = batches_in_graph(codec)
     if in_graph and cap > 1:
         chunks = dataset.batch(1).rebatch(chunk_schedule(cap))
@@ -171,7 +173,7 @@ def chunked_dataset(dataset: tf.data.Dataset, codec: ElementCodec, cap: int) -> 
             chunks = chunks.concatenate(_end_marker(chunks.element_spec))
         except (TypeError, ValueError, tf.errors.OpError):  # a dtype tf.zeros cannot make
             chunk_rank = None
-    return ChunkedDataset(dataset, chunks, in_graph, cap if in_graph else 1, chunk_rank)
+    return ChunkedDataset(dataset, chunks, in_graph, cap if in_graph else 1, chunk_rank, waited_s)
 
 
 class ChunkIterator:
@@ -203,11 +205,13 @@ class ChunkIterator:
         codec: ElementCodec,
         rate: ProductionRate | None = None,
         max_chunk: int = MAX_CHUNK_ELEMENTS,
+        waited_s: Callable[[], float] | None = None,
     ) -> ChunkIterator:
         """An iterator over `dataset` chunked afresh; `max_chunk` caps the chunks (a task that
-        must not produce far ahead of its readers, as the cross-trainer cache's)."""
+        must not produce far ahead of its readers, as the cross-trainer cache's); `waited_s` as
+        ChunkedDataset's."""
         rate = rate or ProductionRate()
-        return cls(chunked_dataset(dataset, codec, chunk_cap(codec, rate, max_chunk)), codec, rate)
+        return cls(chunked_dataset(dataset, codec, chunk_cap(codec, rate, max_chunk), waited_s), codec, rate)
 
     def __iter__(self) -> ChunkIterator:
         return self

@@ -153,13 +153,18 @@ class DatasetCache:
         return self._entry(dataset_id).split_rate
 
     def chunk_iterator(
-        self, dataset_id: str, dataset: tf.data.Dataset, max_chunk: int = MAX_CHUNK_ELEMENTS
+        self,
+        dataset_id: str,
+        dataset: tf.data.Dataset,
+        max_chunk: int = MAX_CHUNK_ELEMENTS,
+        waited_s: Callable[[], float] | None = None,
     ) -> ChunkIterator:
         """An iterator over `dataset` (a pipeline of the dataset `dataset_id`) in chunks sized by
-        the dataset's measured rate, of at most `max_chunk` elements."""
+        the dataset's measured rate, of at most `max_chunk` elements; `waited_s`, where the
+        dataset waits for splits, counts those waits (a splits.TaskLease's)."""
         entry = self._entry(dataset_id)
         if dataset is not entry.whole:
-            return ChunkIterator.over(dataset, entry.codec, entry.rate, max_chunk)
+            return ChunkIterator.over(dataset, entry.codec, entry.rate, max_chunk, waited_s)
         cap = chunk_cap(entry.codec, entry.rate, max_chunk)
         chunked = self._kept(entry.whole_chunked, cap, lambda: chunked_dataset(dataset, entry.codec, cap))
         return ChunkIterator(chunked, entry.codec, entry.rate)
@@ -191,7 +196,7 @@ class DatasetCache:
 
     def split_dataset(
         self, dataset_id: str, repetition: int, supply: splits.RangeSupply
-    ) -> tuple[tf.data.Dataset, Any]:
+    ) -> tuple[tf.data.Dataset, splits.TaskLease]:
         """A task's dataset over the split ranges `supply` yields (and what to keep referenced
         while it is iterated), with seeds of its own where the pipeline has seed generators."""
         pipeline, _ = self._split_pipeline(dataset_id, None)

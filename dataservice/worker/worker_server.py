@@ -405,7 +405,8 @@ class WorkerServer:
             dataset = dataset.skip(task.skip_elements)
         # The split pipeline (its generator's functions) must outlive the dataset's iterator.
         dataset._dataservice_keepalive = keepalive
-        return self._datasets.chunk_iterator(task.dataset_id, dataset, max_chunk)
+        waited_s = keepalive.waited_s if keepalive is not None else None
+        return self._datasets.chunk_iterator(task.dataset_id, dataset, max_chunk, waited_s)
 
     def running_tasks(self) -> list[int]:
         """Ids of the tasks whose pipelines run on this worker now."""

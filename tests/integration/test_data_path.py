@@ -99,10 +99,12 @@ def test_a_pipeline_error_in_the_prepared_first_element_reaches_the_task():
         cache.stop()
 
 
-def test_a_split_tasks_waits_for_its_ranges_are_not_production_time():
+@pytest.mark.parametrize("restored", [False, True], ids=["task", "restored-task"])
+def test_a_split_tasks_waits_for_its_ranges_are_not_production_time(restored):
     """Every chunk of this task waits for a range (ranges of 4 elements, chunks of up to 16):
     timed whole, the chunks would make a fast pipeline look like 3 ms an element, and later
-    tasks would get chunks of one element."""
+    tasks would get chunks of one element. A restored task (it skips the elements its
+    consumer had taken) is chunked afresh over the unchunked split pipeline: the same holds."""
     cache = DatasetCache(_Definitions(r=tf.data.Dataset.range(10_000)))
 
     def slow_supply(source):
@@ -111,8 +113,13 @@ def test_a_split_tasks_waits_for_its_ranges_are_not_production_time():
             yield begin, begin + 4
 
     try:
-        elements = sum(chunk.num_elements for chunk in cache.split_iterator("r", 0, slow_supply))
-        assert elements == 400
+        if restored:
+            dataset, lease = cache.split_dataset("r", 0, slow_supply)
+            chunks = cache.chunk_iterator("r", dataset.skip(4), waited_s=lease.waited_s)
+        else:
+            chunks = cache.split_iterator("r", 0, slow_supply)
+        elements = sum(chunk.num_elements for chunk in chunks)
+        assert elements == (396 if restored else 400)
         seconds = cache.rate("r").seconds_per_element
         assert seconds is not None and seconds < 0.0005, f"{seconds * 1e3:.2f} ms an element"
     finally:
