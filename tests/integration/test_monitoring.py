@@ -72,8 +72,17 @@ def test_metrics_move_while_a_job_runs(tmp_path):
         worker_ports = [w.monitoring_port for w in cluster.workers]
         before = scrape(dispatcher_port)
         workers_before = [scrape(p) for p in worker_ports]
-        for _ in range(5000):
-            next(iterator)
+        # A worker asks for ranges sized by its measured rate (a tenth of a second of its work), so
+        # the dispatcher hands out splits again only once the client has read past what the workers
+        # already hold: read until it has, within a bound.
+        splits_before = total(before, "dataservice_iteration_splits_handed_out", job_name="metered")
+        deadline = time.monotonic() + 60
+        while True:
+            for _ in range(5000):
+                next(iterator)
+            handed_out = total(scrape(dispatcher_port), "dataservice_iteration_splits_handed_out", job_name="metered")
+            if handed_out > splits_before or time.monotonic() > deadline:
+                break
         time.sleep(1.5)
         # A request that fails is counted under its code.
         with pytest.raises(errors.NotFoundError):
