@@ -40,7 +40,7 @@ from dataservice.rpc import auth, secret_files, tls
 from dataservice.rpc.addresses import parse_service
 from dataservice.status import ServiceError
 from dataservice.transfer import allocator
-from dataservice.worker import sandbox
+from dataservice.worker import sandbox, tensorflow_settings
 
 # TensorFlow, and the servers that use it, are imported only once a worker's file sandbox is in place
 # (worker/sandbox.py): TensorFlow starts threads on import, which the sandbox would not cover.
@@ -386,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "worker":
         allocator.cap_arenas()
         allocator.keep_freed_memory()
+        if tensorflow_settings.leave_out_onednn_rewrites():
+            logging.getLogger(__name__).info(
+                "TensorFlow's oneDNN graph rewrites are off for pipelines (%s=1 keeps them)",
+                tensorflow_settings.ONEDNN_ENV,
+            )
         if config.data_roots:
             try:
                 _enter_sandbox(config)

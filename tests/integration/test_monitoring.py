@@ -294,7 +294,7 @@ def _read_lines(proc: subprocess.Popen, sink: list[str]) -> None:
 def test_processes_serve_metrics_status_and_json_logs(processes):
     dispatcher = processes("--role=dispatcher", "--port=0", "--log_format=json")
     logs: list[str] = dispatcher.stderr_lines
-    worker = processes("--role=worker", "--port=0", f"--dispatcher_address={dispatcher.address}")
+    worker = processes("--role=worker", "--port=0", f"--dispatcher_address={dispatcher.address}", "--log_format=json")
     assert dispatcher.monitoring_port and worker.monitoring_port
     wait_for_workers(dispatcher.address, 1)
     assert health(dispatcher.port) == "SERVING" and health(worker.port) == "SERVING"
@@ -336,6 +336,9 @@ def test_processes_serve_metrics_status_and_json_logs(processes):
     assert task_created and {"job_id", "iteration_id", "task_id", "worker"} <= set(task_created[0])
     assert task_created[0]["worker"] == worker.address
     assert any(e["message"] == "worker registered" and e["worker"] == worker.address for e in events)
+    # A worker turns TensorFlow's oneDNN rewrites off for its pipelines (worker/tensorflow_settings.py).
+    worker_events = [json.loads(line) for line in worker.stderr_lines if line.startswith("{")]
+    assert any("oneDNN graph rewrites are off" in e["message"] for e in worker_events), worker_events
 
 
 def test_monitoring_can_be_turned_off(processes):
