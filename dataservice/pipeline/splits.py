@@ -295,22 +295,17 @@ class SplitPipeline:
     source replaced, which costs tens of milliseconds; a worker would pay it at
     the start of every task of every epoch. So the pipeline is rebuilt once,
     each source reading its ranges through a Python call that takes a key, and
-    the graph of the rebuilt pipeline is kept. A task's dataset is that graph
-    with the task's key in place of a marker constant, made with
-    DatasetFromGraph (a few milliseconds, one dataset object, and no functions
-    left in the eager context); the call finds the task's RangeSupply under
-    the key.
+    the graph of the rebuilt pipeline is kept, as it is and in each form the
+    caller finishes it in (finished(): a worker chunks it by a cap that follows
+    the pipeline's measured rate, so one pipeline is finished several ways). A
+    task's dataset is such a graph with the task's key in place of a marker
+    constant, made with DatasetFromGraph (a few milliseconds, one dataset
+    object, and no functions left in the eager context); the call finds the
+    task's RangeSupply under the key.
     """
 
-    def __init__(
-        self,
-        graph_bytes: bytes,
-        element_spec: Any,
-        sources: Sequence[Source],
-        finish: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
-    ):
-        """`sources` are the graph's (find_sources). `finish`, where given, is applied to the
-        rebuilt pipeline once, and each task's dataset is its result (the worker's chunking, say)."""
+    def __init__(self, graph_bytes: bytes, element_spec: Any, sources: Sequence[Source]):
+        """`sources` are the graph's (find_sources)."""
         self.sources = list(sources)
         self._supplies: dict[int, RangeSupply] = {}
         # Seconds each task's supply took to give its ranges (the worker waiting on the
@@ -322,35 +317,34 @@ class SplitPipeline:
         # Stands for a task's key in the rebuilt graph; random, so that no constant of the
         # pipeline's own is taken for it.
         self._marker = secrets.randbits(62) | (1 << 62)
-        rebuilt, self._keepalive = _rebuild(graph_bytes, element_spec, self.sources, self._ranges)
-        if finish is not None:
-            rebuilt = finish(rebuilt)
-        self.element_spec = rebuilt.element_spec
-        self._graph = _parse(tf_internal.serialize_dataset_graph(rebuilt, warn_external_state=False))
-        self._key_nodes = [node.name for node in self._graph.node if _is_int64_scalar(node, self._marker)]
-        if self.sources and not self._key_nodes:
+        self._rebuilt, self._keepalive = _rebuild(graph_bytes, element_spec, self.sources, self._ranges)
+        self.plain = self.finished(None)
+        self.element_spec = self.plain.element_spec
+
+    def finished(self, finish: Callable[[tf.data.Dataset], tf.data.Dataset] | None) -> FinishedPipeline:
+        """The pipeline with `finish` applied (None: as it is), for the caller to keep: each call
+        serializes the graph again, a few milliseconds, where rebuilding costs tens."""
+        dataset = self._rebuilt if finish is None else finish(self._rebuilt)
+        graph = _parse(tf_internal.serialize_dataset_graph(dataset, warn_external_state=False))
+        key_nodes = [node.name for node in graph.node if _is_int64_scalar(node, self._marker)]
+        if self.sources and not key_nodes:
             raise RuntimeError("the rebuilt pipeline lost the constant that names its task")
+        return FinishedPipeline(self, graph, key_nodes, dataset.element_spec)
 
     def dataset(
         self, supply: RangeSupply, rewrite: Callable[[bytes], bytes] | None = None
     ) -> tuple[tf.data.Dataset, TaskLease]:
-        """A dataset of the pipeline over the ranges `supply` yields, and what to keep referenced
-        while it is iterated (the supply is forgotten when that goes). `rewrite`, where given,
-        changes the task's graph (its seeds) before it is made."""
+        """The pipeline as it is, over the ranges `supply` yields (FinishedPipeline.dataset)."""
+        return self.plain.dataset(supply, rewrite)
+
+    def lease(self, supply: RangeSupply) -> TaskLease:
+        """A new task's key, its supply under it until the lease is gone."""
         key = next(self._keys)
-        graph = graph_pb2.GraphDef()
-        graph.CopyFrom(self._graph)
-        nodes = {node.name: node for node in graph.node}
-        for name in self._key_nodes:
-            nodes[name].attr["value"].tensor.CopyFrom(tf.make_tensor_proto(key, tf.int64))
-        graph_bytes = graph.SerializeToString()
-        if rewrite is not None:
-            graph_bytes = rewrite(graph_bytes)
         self._supplies[key] = supply
         self._waited[key] = 0.0
         lease = TaskLease(self, key)
         weakref.finalize(lease, self._forget, key)
-        return graph_lib.dataset_from_graph(graph_bytes, self.element_spec), lease
+        return lease
 
     def _ranges(self, source: Source) -> tf.data.Dataset:
         """The source's ranges in the rebuilt graph: those of the supply under the task's key.
@@ -408,6 +402,33 @@ class TaskLease:
     def waited_s(self) -> float:
         """Seconds the task's dataset has waited for its ranges so far (SplitPipeline.waited_s)."""
         return self.pipeline.waited_s(self.key)
+
+
+class FinishedPipeline:
+    """A SplitPipeline in one finished form: its graph, kept, and made into each task's dataset."""
+
+    def __init__(self, pipeline: SplitPipeline, graph: graph_pb2.GraphDef, key_nodes: list[str], element_spec: Any):
+        self.pipeline = pipeline
+        self.element_spec = element_spec
+        self._graph = graph
+        self._key_nodes = key_nodes
+
+    def dataset(
+        self, supply: RangeSupply, rewrite: Callable[[bytes], bytes] | None = None
+    ) -> tuple[tf.data.Dataset, TaskLease]:
+        """A dataset of the pipeline over the ranges `supply` yields, and what to keep referenced
+        while it is iterated (the supply is forgotten when that goes). `rewrite`, where given,
+        changes the task's graph (its seeds) before it is made."""
+        lease = self.pipeline.lease(supply)
+        graph = graph_pb2.GraphDef()
+        graph.CopyFrom(self._graph)
+        nodes = {node.name: node for node in graph.node}
+        for name in self._key_nodes:
+            nodes[name].attr["value"].tensor.CopyFrom(tf.make_tensor_proto(lease.key, tf.int64))
+        graph_bytes = graph.SerializeToString()
+        if rewrite is not None:
+            graph_bytes = rewrite(graph_bytes)
+        return graph_lib.dataset_from_graph(graph_bytes, self.element_spec), lease
 
 
 def _parse(graph_bytes: bytes) -> graph_pb2.GraphDef:

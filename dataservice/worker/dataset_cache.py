@@ -10,9 +10,9 @@ it does locally). Its chunked form (chunk_iterator.ChunkedDataset) is kept too, 
 chunk cap: TensorFlow keeps a few hundred bytes for each dataset object made
 and each first iterator of one, for the life of the process, and a worker runs
 task after task for weeks. distributed_epoch tasks each need a dataset of their
-own (over their own split ranges): the pipeline is rebuilt over the splits and
-chunked once per chunk cap (splits.SplitPipeline), and each task's dataset is
-made from that graph. A pipeline with a seeded shuffle is the exception: each
+own (over their own split ranges): the pipeline is rebuilt over the splits
+once (splits.SplitPipeline), chunked once per chunk cap, and each task's
+dataset is made from that graph. A pipeline with a seeded shuffle is the exception: each
 task gets a copy of its own whose seeds derive from the task's repetition
 (pipeline/seeds.py), so that epochs reshuffle as they do locally and a task
 that replays another shuffles the same way. And when the dispatcher
@@ -81,9 +81,10 @@ class _Entry:
         self.split_sources: list[splits.Source] | None = None
         # How fast its pipeline goes through splits here: sizes its tasks' ranges.
         self.split_rate = SplitRate()
-        # The pipeline rebuilt over dynamic splits and chunked, by chunk cap (None: not chunked,
-        # for tasks that skip elements first), with how it is chunked.
-        self.split_pipelines: dict[int | None, tuple[splits.SplitPipeline, _ChunkForm | None]] = {}
+        # The pipeline rebuilt over dynamic splits (under None, kept as _kept keeps things), and
+        # that pipeline chunked, by chunk cap, with how it is chunked.
+        self.split_pipeline: dict[None, splits.SplitPipeline] = {}
+        self.chunked_pipelines: dict[int, tuple[splits.FinishedPipeline, _ChunkForm]] = {}
 
 
 # Names each task's seed generators apart from every other copy's in this process.
@@ -205,7 +206,7 @@ class DatasetCache:
     def split_iterator(
         self, dataset_id: str, repetition: int, supply: splits.RangeSupply, max_chunk: int = MAX_CHUNK_ELEMENTS
     ) -> ChunkIterator:
-        """split_dataset's elements in chunks, from a pipeline rebuilt and chunked once per
+        """split_dataset's elements in chunks, from a pipeline rebuilt once and chunked once per
         chunk cap: a task makes one dataset object, not one per chunking op."""
         entry = self._entry(dataset_id)
         pipeline, form = self._split_pipeline(dataset_id, chunk_cap(entry.codec, entry.rate, max_chunk))
@@ -219,23 +220,28 @@ class DatasetCache:
             return None
         return lambda graph_def: task_graph(graph_def, repetition)
 
-    def _split_pipeline(self, dataset_id: str, cap: int | None) -> tuple[splits.SplitPipeline, _ChunkForm | None]:
+    def _split_pipeline(self, dataset_id: str, cap: int | None) -> tuple[splits.FinishedPipeline, _ChunkForm | None]:
+        """The dataset's pipeline rebuilt over dynamic splits (once), chunked by `cap` (None: as
+        it is; each cap once), with how it is chunked."""
         entry = self._entry(dataset_id)
         sources = self.split_sources(dataset_id)
+        pipeline = self._kept(
+            entry.split_pipeline, None, lambda: splits.SplitPipeline(entry.graph_def, entry.element_spec, sources)
+        )
+        if cap is None:
+            return pipeline.plain, None
 
-        def build() -> tuple[splits.SplitPipeline, _ChunkForm | None]:
+        def finish() -> tuple[splits.FinishedPipeline, _ChunkForm]:
             forms: list[ChunkedDataset] = []
 
             def chunk(rebuilt: tf.data.Dataset) -> tf.data.Dataset:
-                assert cap is not None
                 forms.append(chunked_dataset(rebuilt, entry.codec, cap))
                 return forms[0].chunks
 
-            finish = None if cap is None else chunk
-            pipeline = splits.SplitPipeline(entry.graph_def, entry.element_spec, sources, finish)
-            return pipeline, (forms[0].in_graph, forms[0].cap, forms[0].chunk_rank) if forms else None
+            finished = pipeline.finished(chunk)
+            return finished, (forms[0].in_graph, forms[0].cap, forms[0].chunk_rank)
 
-        return self._kept(entry.split_pipelines, cap, build)
+        return self._kept(entry.chunked_pipelines, cap, finish)
 
     def _kept(self, kept: dict[_Key, _Value], key: _Key, build: Callable[[], _Value]) -> _Value:
         """kept[key], built where missing: outside the lock (building imports graphs), and the

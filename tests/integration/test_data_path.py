@@ -15,6 +15,7 @@ import tensorflow as tf
 import dataservice as service
 from dataservice.local_cluster import LocalCluster
 from dataservice.pipeline import graph as graph_lib
+from dataservice.pipeline import splits
 from dataservice.rpc import auth
 from dataservice.rpc.channels import SharedChannels
 from dataservice.transfer import allocator
@@ -122,6 +123,39 @@ def test_a_split_tasks_waits_for_its_ranges_are_not_production_time(restored):
         assert elements == (396 if restored else 400)
         seconds = cache.rate("r").seconds_per_element
         assert seconds is not None and seconds < 0.0005, f"{seconds * 1e3:.2f} ms an element"
+    finally:
+        cache.stop()
+
+
+def test_a_split_pipeline_is_rebuilt_once_whatever_its_tasks_chunk_caps(monkeypatch):
+    """Rebuilding a pipeline over its splits imports its whole graph (tens of milliseconds); a
+    task's chunk cap follows the measured rate, so tasks of one dataset get different caps.
+    Each cap chunks the one rebuilt pipeline."""
+    rebuilds = []
+    rebuild = splits._rebuild
+
+    def counted(*args, **kwargs):
+        rebuilds.append(args[0])
+        return rebuild(*args, **kwargs)
+
+    monkeypatch.setattr(splits, "_rebuild", counted)
+    cache = DatasetCache(_Definitions(r=tf.data.Dataset.range(100).map(lambda x: x * 2)))
+
+    def supply(source):
+        yield 0, 50
+        yield 50, 100
+
+    try:
+        caps, restored = [], None
+        for max_chunk in (2, 1, 2, 4):
+            chunks = cache.split_iterator("r", 0, supply, max_chunk=max_chunk)
+            caps.append(chunks.cap)
+            assert [int(v) for c in chunks for v in c.columns[0].values] == list(range(0, 200, 2))
+        dataset, lease = cache.split_dataset("r", 0, supply)
+        restored = cache.chunk_iterator("r", dataset.skip(98), waited_s=lease.waited_s)
+        assert [int(v) for c in restored for v in c.columns[0].values] == [196, 198]
+        assert caps == [2, 1, 2, 4]
+        assert len(rebuilds) == 1
     finally:
         cache.stop()
 
@@ -263,6 +297,7 @@ _BYTES_KEPT_PER_TASK = """
 import ctypes, gc, sys
 import tensorflow as tf
 from dataservice.pipeline import graph as graph_lib
+from dataservice.pipeline import splits
 from dataservice.worker.dataset_cache import DatasetCache
 
 class MallInfo2(ctypes.Structure):
