@@ -5,7 +5,7 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import in_process_cluster, stop_tensorflow_servers
+from conftest import in_process_cluster, tensorflow_service_process
 
 import dataservice as service
 
@@ -49,14 +49,9 @@ PIPELINES = {
 
 @pytest.fixture(scope="module")
 def tf_service():
-    dispatcher = tf.data.experimental.service.DispatchServer()
-    address = dispatcher.target.split("://")[1]
-    workers = [
-        tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(dispatcher_address=address))
-        for _ in range(2)
-    ]
-    yield dispatcher
-    stop_tensorflow_servers([*workers, dispatcher])
+    """TensorFlow's dispatcher and two workers; the dispatcher's target."""
+    with tensorflow_service_process(2) as target:
+        yield target
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +64,7 @@ def ours():
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_same_multiset_as_tensorflow_service(name, tf_service, ours):
     make = PIPELINES[name]
-    theirs = make().apply(tf.data.experimental.service.distribute("parallel_epochs", tf_service.target))
+    theirs = make().apply(tf.data.experimental.service.distribute("parallel_epochs", tf_service))
     mine = make().apply(service.distribute("parallel_epochs", ours.target))
     assert mine.element_spec == theirs.element_spec
     expected = _multiset(theirs)
@@ -103,7 +98,7 @@ def test_compression_values_as_tensorflow(compression, tf_service, ours):
     def read(module, target):
         return lambda: _multiset(make().apply(module.distribute("parallel_epochs", target, compression=compression)))
 
-    theirs = _outcome(read(tf.data.experimental.service, tf_service.target))
+    theirs = _outcome(read(tf.data.experimental.service, tf_service))
     mine = _outcome(read(service, ours.target))
     assert mine[0] == theirs[0], (mine, theirs)
     assert mine[1] == theirs[1]
