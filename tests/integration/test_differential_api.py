@@ -13,7 +13,7 @@ import time
 
 import pytest
 import tensorflow as tf
-from conftest import in_process_cluster, stop_tensorflow_servers
+from conftest import in_process_cluster, stop_tensorflow_servers, tensorflow_service_process
 
 import dataservice as service
 
@@ -44,17 +44,28 @@ def read_some(dataset):
 @pytest.fixture(scope="module")
 def clusters(tmp_path_factory):
     """One worker each, so that what a case reads is the same elements in the same order through
-    both services; fault-tolerant dispatchers (distributed_save needs one)."""
+    both services; fault-tolerant dispatchers (distributed_save needs one). TensorFlow's run in a
+    process of their own (stopped in this one, a worker waits for the coordinated reads left in
+    flight and holds the GIL meanwhile: a minute or two of CI), except for "tensorflow-local", a
+    dispatcher and worker in this process for the cases that read from a worker here."""
     work = tmp_path_factory.mktemp("differential")
-    tf_dispatcher = TF.DispatchServer(TF.DispatcherConfig(work_dir=str(work / "tf"), fault_tolerant_mode=True))
-    address = tf_dispatcher.target.split("://")[1]
     # Heartbeats as often as ours (TensorFlow's default is 30 s): its workers learn of
     # distributed_save's streams on a heartbeat.
-    tf_workers = [TF.WorkerServer(TF.WorkerConfig(dispatcher_address=address, heartbeat_interval_ms=1000))]
-    ours = in_process_cluster(1, work_dir=str(work / "ours"), fault_tolerant_mode=True)
-    yield {"tensorflow": tf_dispatcher.target, "dataservice": ours.target}
-    stop_tensorflow_servers([*tf_workers, tf_dispatcher])
-    ours.stop()
+    tf_options = {"dispatcher": {"work_dir": str(work / "tf"), "fault_tolerant_mode": True}}
+    with tensorflow_service_process(1, **tf_options, worker={"heartbeat_interval_ms": 1000}) as tf_target:
+        tf_dispatcher = TF.DispatchServer()
+        tf_workers = [TF.WorkerServer(TF.WorkerConfig(dispatcher_address=tf_dispatcher.target.split("://")[1]))]
+        ours = in_process_cluster(1, work_dir=str(work / "ours"), fault_tolerant_mode=True)
+        try:
+            yield {"tensorflow": tf_target, "tensorflow-local": tf_dispatcher.target, "dataservice": ours.target}
+        finally:
+            stop_tensorflow_servers([*tf_workers, tf_dispatcher])
+            ours.stop()
+
+
+def _reads_a_local_worker(kwargs: dict) -> bool:
+    """Whether a distribute() case reads only from a worker in the client's process."""
+    return kwargs.get("data_transfer_protocol") == "local" or kwargs.get("target_workers") == "LOCAL"
 
 
 # Where we answer differently from TensorFlow on purpose: (case id) -> (TensorFlow's outcome,
@@ -126,7 +137,8 @@ def test_distribute_arguments(case_id, kwargs, infinite, clusters):
     def run(system):
         module = SYSTEMS[system]
         args = dict(kwargs)
-        target = args.pop("service", clusters[system])
+        cluster = "tensorflow-local" if system == "tensorflow" and _reads_a_local_worker(kwargs) else system
+        target = args.pop("service", clusters[cluster])
         args.setdefault("processing_mode", "parallel_epochs")
         if args.get("cross_trainer_cache") == "CrossTrainerCache":
             args["cross_trainer_cache"] = module.CrossTrainerCache(trainer_id="t1")
