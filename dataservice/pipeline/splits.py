@@ -319,7 +319,6 @@ class SplitPipeline:
         self._marker = secrets.randbits(62) | (1 << 62)
         self._rebuilt, self._keepalive = _rebuild(graph_bytes, element_spec, self.sources, self._ranges)
         self.plain = self.finished(None)
-        self.element_spec = self.plain.element_spec
 
     def finished(self, finish: Callable[[tf.data.Dataset], tf.data.Dataset] | None) -> FinishedPipeline:
         """The pipeline with `finish` applied (None: as it is), for the caller to keep: each call
