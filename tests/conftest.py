@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import gc
-import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -52,7 +47,7 @@ def stop_tensorflow_servers(servers: list, wait_s: float = 10.0) -> None:
     iterator in a reference cycle or an infinite read can hold for minutes (a module's teardown
     took 140 s in CI); past the wait they go on stopping on a daemon thread, and end with the test
     process at the latest. The wait is not a bound where the stop holds the GIL meanwhile, as
-    TensorFlow's worker stop was seen to (tensorflow_service_process runs them apart instead)."""
+    TensorFlow's worker stop was seen to (conformance.tensorflow_servers runs them apart instead)."""
     gc.collect()  # iterators in reference cycles end their reads only when collected
 
     def stop_all() -> None:
@@ -62,50 +57,6 @@ def stop_tensorflow_servers(servers: list, wait_s: float = 10.0) -> None:
     stopping = threading.Thread(target=stop_all, name="stop-tensorflow-servers", daemon=True)
     stopping.start()
     stopping.join(wait_s)
-
-
-# TensorFlow's servers in a process of their own, for differential tests that need no worker in the
-# test process (data_transfer_protocol="local" and target_workers="LOCAL" do): argv[1] is JSON of
-# {"workers": N, "dispatcher": DispatcherConfig fields, "worker": WorkerConfig fields}.
-_TENSORFLOW_SERVERS = """
-import json, sys
-import tensorflow as tf
-service = tf.data.experimental.service
-options = json.loads(sys.argv[1])
-dispatcher = service.DispatchServer(service.DispatcherConfig(**options["dispatcher"]))
-address = dispatcher.target.split("://")[1]
-workers = [
-    service.WorkerServer(service.WorkerConfig(dispatcher_address=address, **options["worker"]))
-    for _ in range(options["workers"])
-]
-print(dispatcher.target, flush=True)
-sys.stdin.read()  # serves until the test process closes the pipe (or is gone)
-"""
-
-
-@contextlib.contextmanager
-def tensorflow_service_process(
-    num_workers: int, dispatcher: dict[str, Any] | None = None, worker: dict[str, Any] | None = None
-) -> Iterator[str]:
-    """TensorFlow's dispatcher and `num_workers` workers (the comparison's) in a process of their
-    own, killed afterwards; yields the dispatcher's target. Stopped in the test process, they made
-    a module's teardown take 10-30 s (60-140 s in CI): TensorFlow's worker stop waits for the
-    reads in flight and holds the GIL while it does, so stop_tensorflow_servers' bound did not hold."""
-    options = {"workers": num_workers, "dispatcher": dispatcher or {}, "worker": worker or {}}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _TENSORFLOW_SERVERS, json.dumps(options)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline() if proc.stdout is not None else ""
-        if not line.startswith("grpc://"):
-            raise RuntimeError(f"TensorFlow's servers did not start (exit status {proc.poll()}): {line!r}")
-        yield line.strip()
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 def pytest_addoption(parser):

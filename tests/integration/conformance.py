@@ -175,6 +175,42 @@ class LineProcess:
         self._process.stdout.close()
 
 
+# TensorFlow's servers in a process of their own, for differential tests that need no worker in the
+# test process (data_transfer_protocol="local" and target_workers="LOCAL" do), configured as given
+# rather than as TensorFlow's tests configure theirs (_TENSORFLOW_SERVICE): argv[1] is JSON of
+# {"workers": N, "dispatcher": DispatcherConfig fields, "worker": WorkerConfig fields}.
+_TENSORFLOW_SERVERS = """
+import json, sys
+import tensorflow as tf
+service = tf.data.experimental.service
+options = json.loads(sys.argv[1])
+dispatcher = service.DispatchServer(service.DispatcherConfig(**options["dispatcher"]))
+address = dispatcher.target.split("://")[1]
+workers = [
+    service.WorkerServer(service.WorkerConfig(dispatcher_address=address, **options["worker"]))
+    for _ in range(options["workers"])
+]
+print(dispatcher.target, flush=True)
+sys.stdin.read()  # serves until the test process closes the pipe (or is gone)
+"""
+
+
+@contextlib.contextmanager
+def tensorflow_servers(
+    num_workers: int, dispatcher: dict[str, Any] | None = None, worker: dict[str, Any] | None = None
+) -> Iterator[str]:
+    """TensorFlow's dispatcher and `num_workers` workers (the comparison's) in a LineProcess,
+    killed afterwards; yields the dispatcher's target. Stopped in the test process, they made a
+    module's teardown take 10-30 s (60-140 s in CI): TensorFlow's worker stop waits for the reads
+    in flight and holds the GIL while it does, so no bound on that wait held."""
+    options = {"workers": num_workers, "dispatcher": dispatcher or {}, "worker": worker or {}}
+    process = LineProcess(_TENSORFLOW_SERVERS, [json.dumps(options)], "TensorFlow's servers")
+    try:
+        yield process.first_line
+    finally:
+        process.stop()
+
+
 class TensorFlowService:
     """TensorFlow's service as one process (_TENSORFLOW_SERVICE) holding a module's clusters."""
 

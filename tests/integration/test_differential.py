@@ -5,7 +5,8 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import in_process_cluster, tensorflow_service_process
+from conformance import tensorflow_servers
+from conftest import in_process_cluster
 
 import dataservice as service
 
@@ -50,7 +51,7 @@ PIPELINES = {
 @pytest.fixture(scope="module")
 def tf_service():
     """TensorFlow's dispatcher and two workers; the dispatcher's target."""
-    with tensorflow_service_process(2) as target:
+    with tensorflow_servers(2) as target:
         yield target
 
 

@@ -13,7 +13,8 @@ import time
 
 import pytest
 import tensorflow as tf
-from conftest import in_process_cluster, stop_tensorflow_servers, tensorflow_service_process
+from conformance import tensorflow_servers
+from conftest import in_process_cluster, stop_tensorflow_servers
 
 import dataservice as service
 
@@ -52,7 +53,7 @@ def clusters(tmp_path_factory):
     # Heartbeats as often as ours (TensorFlow's default is 30 s): its workers learn of
     # distributed_save's streams on a heartbeat.
     tf_options = {"dispatcher": {"work_dir": str(work / "tf"), "fault_tolerant_mode": True}}
-    with tensorflow_service_process(1, **tf_options, worker={"heartbeat_interval_ms": 1000}) as tf_target:
+    with tensorflow_servers(1, **tf_options, worker={"heartbeat_interval_ms": 1000}) as tf_target:
         tf_dispatcher = TF.DispatchServer()
         tf_workers = [TF.WorkerServer(TF.WorkerConfig(dispatcher_address=tf_dispatcher.target.split("://")[1]))]
         ours = in_process_cluster(1, work_dir=str(work / "ours"), fault_tolerant_mode=True)
