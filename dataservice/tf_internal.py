@@ -1,12 +1,12 @@
 """Every use of TensorFlow's private APIs, behind one module.
 
 The service needs a few things that TensorFlow has no public API for: the
-serialized graph of a dataset, the variant tensor behind it, the memory of an
-eager tensor without a copy, the element-spec coder, the flat types and
-shapes of a structure, the iterator's resource and the op that reads it,
-warnings to silence, and a test transformation. A TensorFlow upgrade that
-moves one of them touches this file alone; tests/unit/test_tf_internal.py
-fails on the upgrade when one is gone.
+serialized graph of a dataset (also as finalized for its first iterator), the
+variant tensor behind it, the memory of an eager tensor without a copy, the
+element-spec coder, the flat types and shapes of a structure, the iterator's
+resource and the op that reads it, warnings to silence, and a test
+transformation. A TensorFlow upgrade that moves one of them touches this file
+alone; tests/unit/test_tf_internal.py fails on the upgrade when one is gone.
 """
 
 from __future__ import annotations
@@ -50,6 +50,33 @@ def serialize_dataset_graph(dataset: tf.data.Dataset, warn_external_state: bool 
             "a resource located on a different device; call register_dataset() on the device that holds the "
             f"resource, then from_dataset_id() to read it on each device. ({e.message})",
         ) from None
+
+
+def finalized_dataset_graph(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
+    """The graph of `dataset` as its first iterator runs it: after tf.data's finalization (its
+    options' static optimizations, the autotuning model, the thread pools they ask for), with
+    ops of external state kept and device assignments cleared.
+
+    TensorFlow's own device stripping leaves the functions that finalization placed on a job
+    with a malformed device ('/device::0'), so devices are cleared here instead."""
+    finalized = tf.raw_ops.FinalizeDataset(
+        input_dataset=dataset._variant_tensor,
+        output_types=flat_tensor_types(dataset.element_spec),
+        output_shapes=flat_tensor_shapes(dataset.element_spec),
+    )
+    graph_bytes = tf.raw_ops.DatasetToGraphV2(
+        input_dataset=finalized,
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE.value,
+        strip_device_assignment=False,
+    )
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(graph_bytes.numpy())
+    for node in graph.node:
+        node.device = ""
+    for function in graph.library.function:
+        for node in function.node_def:
+            node.device = ""
+    return graph
 
 
 def dataset_cardinality(dataset: tf.data.Dataset) -> int:

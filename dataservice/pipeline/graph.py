@@ -7,7 +7,9 @@ beside it as a StructuredValue proto.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,6 +18,8 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import struct_pb2
 
 from dataservice import tf_internal
+
+log = logging.getLogger(__name__)
 
 # Ops that call back into the Python interpreter of the process that built
 # the pipeline: a worker in another process cannot run them.
@@ -147,6 +151,101 @@ def dataset_from_graph(graph_bytes: bytes, element_spec: Any) -> tf.data.Dataset
     """Rebuilds the pipeline in this process."""
     variant = tf.raw_ops.DatasetFromGraph(graph_def=graph_bytes)
     return tf.data.experimental.from_variant(variant, element_spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """A pipeline's graph, kept to make datasets from copies of it that differ a little (a
+    task's key, its seeds): as it is, or finalized once (finalized_template)."""
+
+    graph: graph_pb2.GraphDef
+    element_spec: Any
+    # The options of each copy where the graph is finalized (finalized_options), else None.
+    options: tf.data.Options | None = None
+
+    def dataset(self, graph_bytes: bytes) -> tf.data.Dataset:
+        """A dataset of `graph_bytes`, a copy of the template's graph."""
+        dataset = dataset_from_graph(graph_bytes, self.element_spec)
+        return dataset if self.options is None else dataset.with_options(self.options)
+
+
+def template(dataset: tf.data.Dataset) -> Template:
+    """The dataset's graph as it is (its ops of external state kept)."""
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(tf_internal.serialize_dataset_graph(dataset, warn_external_state=False))
+    return Template(graph, dataset.element_spec)
+
+
+def finalized_template(dataset: tf.data.Dataset) -> Template:
+    """The dataset's graph as its first iterator would run it, for copies that are iterated
+    as they are (a transformation applied to one would not be optimized); the graph as it is
+    where TensorFlow cannot serialize the finalized pipeline."""
+    try:
+        graph = tf_internal.finalized_dataset_graph(dataset)
+    except tf.errors.OpError as e:
+        log.warning("could not keep a pipeline optimized; each copy optimizes anew: %s", e.message)
+        return template(dataset)
+    _drop_options_datasets(graph)
+    return Template(graph, dataset.element_spec, finalized_options(dataset.options()))
+
+
+def _drop_options_datasets(graph: graph_pb2.GraphDef) -> None:
+    """Takes the pipeline's OptionsDataset nodes out of a finalized graph, joining each one's
+    consumers to its input: the options are applied, and those a copy still needs come with
+    finalized_options; left in, they would have each copy finalized (optimized) anew."""
+    dropped = {node.name: node.input[0] for node in graph.node if node.op == "OptionsDataset"}
+    if not dropped:
+        return
+
+    def upstream(name: str) -> str:
+        while name in dropped:
+            name = dropped[name]
+        return name
+
+    kept = [node for node in graph.node if node.name not in dropped]
+    for node in kept:
+        for i, name in enumerate(node.input):
+            source = name.split(":")[0]
+            if source in dropped:
+                node.input[i] = upstream(source)
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def finalized_options(options: tf.data.Options) -> tf.data.Options:
+    """The options for datasets made from a finalized graph (tf_internal.finalized_dataset_graph)
+    of a pipeline whose options were `options`.
+
+    Each new dataset object's first iterator finalizes it, and for a pipeline
+    that means tf.data's static optimizations: Grappler imports, rewrites and
+    exports the whole graph, most of what making a task's iterator costs. A
+    graph finalized once already holds the rewrites and the thread pools, so
+    its copies get options that ask for neither and keep those of `options`
+    that act while the pipeline runs. Autotuning is among those: the
+    iterator of a copy makes the autotuning model that the graph's own
+    ModelDataset then shares, as a first iterator does."""
+    kept = tf.data.Options()
+    kept.experimental_optimization.apply_default_optimizations = False
+    for section, name in _RUNTIME_OPTIONS:
+        value = getattr(getattr(options, section) if section else options, name)
+        if value is not None:
+            setattr(getattr(kept, section) if section else kept, name, value)
+    return kept
+
+
+# Options that act while an iterator runs rather than at finalization: (section, name).
+_RUNTIME_OPTIONS = (
+    ("", "experimental_warm_start"),
+    ("", "experimental_symbolic_checkpoint"),
+    ("", "experimental_external_state_policy"),
+    ("", "dataset_name"),
+    ("autotune", "enabled"),
+    ("autotune", "autotune_algorithm"),
+    ("autotune", "cpu_budget"),
+    ("autotune", "ram_budget"),
+    ("autotune", "initial_parallelism"),
+    ("autotune", "min_parallelism"),
+)
 
 
 def check_element_spec(element_spec: Any) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import re
 import secrets
@@ -49,6 +50,8 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from dataservice import tf_internal
 from dataservice.modes import INFINITE_SPLITS
 from dataservice.pipeline import graph as graph_lib
+
+log = logging.getLogger(__name__)
 
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 SPLITTABLE_OPS = ("RangeDataset", "TensorSliceDataset", "TensorDataset")
@@ -320,15 +323,26 @@ class SplitPipeline:
         self._rebuilt, self._keepalive = _rebuild(graph_bytes, element_spec, self.sources, self._ranges)
         self.plain = self.finished(None)
 
-    def finished(self, finish: Callable[[tf.data.Dataset], tf.data.Dataset] | None) -> FinishedPipeline:
+    def finished(
+        self, finish: Callable[[tf.data.Dataset], tf.data.Dataset] | None, finalize: bool = False
+    ) -> FinishedPipeline:
         """The pipeline with `finish` applied (None: as it is), for the caller to keep: each call
-        serializes the graph again, a few milliseconds, where rebuilding costs tens."""
+        serializes the graph again, a few milliseconds, where rebuilding costs tens. `finalize`:
+        its graph finalized here once (graph_lib.finalized_template), for task datasets that
+        are iterated as they are, so that no task pays tf.data's static optimizations."""
         dataset = self._rebuilt if finish is None else finish(self._rebuilt)
-        graph = _parse(tf_internal.serialize_dataset_graph(dataset, warn_external_state=False))
-        key_nodes = [node.name for node in graph.node if _is_int64_scalar(node, self._marker)]
+        template = graph_lib.finalized_template(dataset) if finalize else graph_lib.template(dataset)
+        key_nodes = self._key_nodes(template.graph)
+        if self.sources and not key_nodes and template.options is not None:
+            log.warning("tf.data's optimizations lost the constant that names a task; each task optimizes anew")
+            template = graph_lib.template(dataset)
+            key_nodes = self._key_nodes(template.graph)
         if self.sources and not key_nodes:
             raise RuntimeError("the rebuilt pipeline lost the constant that names its task")
-        return FinishedPipeline(self, graph, key_nodes, dataset.element_spec)
+        return FinishedPipeline(self, template, key_nodes)
+
+    def _key_nodes(self, graph: graph_pb2.GraphDef) -> list[str]:
+        return [node.name for node in graph.node if _is_int64_scalar(node, self._marker)]
 
     def dataset(
         self, supply: RangeSupply, rewrite: Callable[[bytes], bytes] | None = None
@@ -406,10 +420,9 @@ class TaskLease:
 class FinishedPipeline:
     """A SplitPipeline in one finished form: its graph, kept, and made into each task's dataset."""
 
-    def __init__(self, pipeline: SplitPipeline, graph: graph_pb2.GraphDef, key_nodes: list[str], element_spec: Any):
+    def __init__(self, pipeline: SplitPipeline, template: graph_lib.Template, key_nodes: list[str]):
         self.pipeline = pipeline
-        self.element_spec = element_spec
-        self._graph = graph
+        self._template = template
         self._key_nodes = key_nodes
 
     def dataset(
@@ -420,14 +433,14 @@ class FinishedPipeline:
         changes the task's graph (its seeds) before it is made."""
         lease = self.pipeline.lease(supply)
         graph = graph_pb2.GraphDef()
-        graph.CopyFrom(self._graph)
+        graph.CopyFrom(self._template.graph)
         nodes = {node.name: node for node in graph.node}
         for name in self._key_nodes:
             nodes[name].attr["value"].tensor.CopyFrom(tf.make_tensor_proto(lease.key, tf.int64))
         graph_bytes = graph.SerializeToString()
         if rewrite is not None:
             graph_bytes = rewrite(graph_bytes)
-        return graph_lib.dataset_from_graph(graph_bytes, self.element_spec), lease
+        return self._template.dataset(graph_bytes), lease
 
 
 def _parse(graph_bytes: bytes) -> graph_pb2.GraphDef:

@@ -11,11 +11,14 @@ chunk cap: TensorFlow keeps a few hundred bytes for each dataset object made
 and each first iterator of one, for the life of the process, and a worker runs
 task after task for weeks. distributed_epoch tasks each need a dataset of their
 own (over their own split ranges): the pipeline is rebuilt over the splits
-once (splits.SplitPipeline), chunked once per chunk cap, and each task's
-dataset is made from that graph. A pipeline with a seeded shuffle is the exception: each
-task gets a copy of its own whose seeds derive from the task's repetition
+once (splits.SplitPipeline), chunked and finalized once per chunk cap (its
+static optimizations applied: graph.finalized_template), and each task's
+dataset is made from a copy of that graph. A pipeline with a seeded shuffle
+needs a dataset object per task in parallel_epochs too: each task gets a
+copy of its own whose seeds derive from the task's repetition
 (pipeline/seeds.py), so that epochs reshuffle as they do locally and a task
-that replays another shuffles the same way. And when the dispatcher
+that replays another shuffles the same way, made from the pipeline chunked
+and finalized once per chunk cap likewise. And when the dispatcher
 announces that a client is about to read a dataset whole (parallel_epochs),
 the worker builds the dataset, makes its first iterator and computes its
 first element at once, in the background, so that the first task of the
@@ -75,6 +78,9 @@ class _Entry:
         self.whole: tf.data.Dataset | None = None
         # The whole dataset chunked, by chunk cap (a few powers of two).
         self.whole_chunked: dict[int, ChunkedDataset] = {}
+        # Where the pipeline has seed generators: the whole pipeline chunked and finalized once,
+        # by chunk cap, the template of each task's reseeded copy, with how it is chunked.
+        self.seeded_chunked: dict[int, tuple[graph_lib.Template, _ChunkForm]] = {}
         # A seeded shuffle or random source: each task builds its own copy (pipeline/seeds.py).
         self.seeded = seeds.has_seed_generators(graph_lib.parse_graph(graph_def))
         # The sources distributed_epoch splits, found when its first task comes.
@@ -238,7 +244,7 @@ class DatasetCache:
                 forms.append(chunked_dataset(rebuilt, entry.codec, cap))
                 return forms[0].chunks
 
-            finished = pipeline.finished(chunk)
+            finished = pipeline.finished(chunk, finalize=True)
             return finished, (forms[0].in_graph, forms[0].cap, forms[0].chunk_rank)
 
         return self._kept(entry.chunked_pipelines, cap, finish)
@@ -261,7 +267,7 @@ class DatasetCache:
         (waiting for a preparation under way rather than doing the same work beside it)."""
         if (repetition and self._entry(dataset_id).seeded) or max_chunk < MAX_CHUNK_ELEMENTS:
             # Prepared iterators shuffle as repetition 0 does, and chunk as any task may.
-            return self.chunk_iterator(dataset_id, self.task_dataset(dataset_id, repetition), max_chunk)
+            return self._new_whole_iterator(dataset_id, repetition, max_chunk)
         with self._lock:
             preparing = self._preparing.get(dataset_id)
         if preparing is not None:
@@ -270,7 +276,24 @@ class DatasetCache:
             prepared = self._prepared.pop(dataset_id, None)
         if prepared is not None:
             return prepared[1]
-        return self.chunk_iterator(dataset_id, self.task_dataset(dataset_id, repetition), max_chunk)
+        return self._new_whole_iterator(dataset_id, repetition, max_chunk)
+
+    def _new_whole_iterator(self, dataset_id: str, repetition: int, max_chunk: int) -> ChunkIterator:
+        entry = self._entry(dataset_id)
+        if not entry.seeded:
+            return self.chunk_iterator(dataset_id, self.whole_dataset(dataset_id), max_chunk)
+        # A copy of its own per task, made from a graph finalized once per chunk cap (the
+        # copies' seeds differ, so no dataset object is shared, but their optimization is).
+        cap = chunk_cap(entry.codec, entry.rate, max_chunk)
+
+        def finish() -> tuple[graph_lib.Template, _ChunkForm]:
+            chunked = chunked_dataset(self.whole_dataset(dataset_id), entry.codec, cap)
+            template = graph_lib.finalized_template(chunked.chunks)
+            return template, (chunked.in_graph, chunked.cap, chunked.chunk_rank)
+
+        template, form = self._kept(entry.seeded_chunked, cap, finish)
+        chunks = template.dataset(task_graph(template.graph.SerializeToString(), repetition))
+        return ChunkIterator(ChunkedDataset(None, chunks, *form), entry.codec, entry.rate)
 
     # ---- preparing ahead of tasks -----------------------------------------
 
@@ -287,7 +310,7 @@ class DatasetCache:
     def _prepare(self, dataset_id: str) -> None:
         iterator: ChunkIterator | None = None
         try:
-            iterator = self.chunk_iterator(dataset_id, self.task_dataset(dataset_id, 0))
+            iterator = self._new_whole_iterator(dataset_id, 0, MAX_CHUNK_ELEMENTS)
             iterator.peek()
         except Exception as e:  # noqa: BLE001 - a task of this dataset will report it
             log.info("could not prepare dataset %s ahead of its tasks: %s", dataset_id, e)

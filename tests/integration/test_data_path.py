@@ -160,6 +160,73 @@ def test_a_split_pipeline_is_rebuilt_once_whatever_its_tasks_chunk_caps(monkeypa
         cache.stop()
 
 
+_OPTIMIZATIONS_COUNTED = r"""
+import sys
+import tensorflow as tf
+from dataservice.pipeline import graph as graph_lib
+from dataservice.worker.dataset_cache import DatasetCache
+
+options = tf.data.Options()  # options of the pipeline's own, which its copies must not apply again
+options.deterministic = True
+options.threading.private_threadpool_size = 2
+options.experimental_optimization.map_parallelization = True
+shuffled = tf.data.Dataset.range(64).shuffle(64, seed=5).map(lambda x: x * 2).with_options(options)
+definition = (graph_lib.serialize_dataset(shuffled), shuffled.element_spec)
+cache = DatasetCache(lambda dataset_id: definition)
+
+def supply(source):
+    yield 0, 32
+    yield 32, 64
+
+def values(chunks):
+    return [int(v) for c in chunks for v in c.columns[0].values], chunks.cap
+
+paths = {"split": lambda r: cache.split_iterator("d", r, supply), "whole": lambda r: cache.whole_iterator("d", r)}
+for path, task in paths.items():
+    orders, caps = [], set()
+    for repetition in (1, 2, 1, 2, 3):
+        print(f"TASK {path}", flush=True)
+        order, cap = values(task(repetition))
+        orders.append(order)
+        caps.add(cap)
+    assert sorted(orders[0]) == list(range(0, 128, 2)) and orders[0] != sorted(orders[0])
+    assert orders[0] == orders[2] and orders[1] == orders[3], "a repetition shuffles as it did before"
+    assert len({tuple(o) for o in orders}) == 3, "each repetition its own order"
+    print(f"CAPS {path} {len(caps)}", flush=True)
+cache.stop()
+"""
+
+
+def test_tasks_of_a_seeded_pipeline_share_one_run_of_the_static_optimizations():
+    """tf.data optimizes a pipeline's graph (Grappler: import, rewrite, export) at the first
+    iterator of each dataset object, and each task of a seeded pipeline needs an object of its
+    own. Its graph is finalized once per chunk cap; the tasks' copies are not optimized again.
+    Counted from TensorFlow's own log, in a process of its own, for both task paths."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="meta_optimizer=1")
+    run = subprocess.run(
+        [sys.executable, "-c", _OPTIMIZATIONS_COUNTED],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one stream: the log's lines fall between the tasks' markers
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    optimized: dict[str, int] = {}
+    caps: dict[str, int] = {}
+    path = None
+    for line in run.stdout.splitlines():
+        if line.startswith("TASK "):
+            path = line.split()[1]
+        elif line.startswith("CAPS "):
+            caps[line.split()[1]] = int(line.split()[2])
+        elif path and "Starting optimization for grappler item: graph" in line:
+            optimized[path] = optimized.get(path, 0) + 1
+    assert set(caps) == {"split", "whole"}, run.stdout[-2000:]
+    assert optimized.get("split", 0) == caps["split"], (optimized, caps)
+    assert optimized.get("whole", 0) == caps["whole"], (optimized, caps)
+
+
 def test_shared_channels_are_reused_and_idle_ones_bounded():
     channels = SharedChannels(max_idle=1)
     first = channels.acquire("localhost:1")

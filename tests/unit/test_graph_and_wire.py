@@ -45,6 +45,30 @@ def test_fingerprint_tells_pipelines_apart():
     assert len(prints) == 4
 
 
+def test_copies_of_a_finalized_pipeline_keep_its_runtime_options_and_ask_for_no_rewrites():
+    options = tf.data.Options()
+    options.experimental_warm_start = True
+    options.autotune.ram_budget = 1 << 30
+    options.autotune.min_parallelism = 2
+    options.deterministic = False
+    options.threading.private_threadpool_size = 3
+    options.experimental_optimization.map_parallelization = True
+    dataset = tf.data.Dataset.range(8).map(lambda x: x + 1).with_options(options)
+    template = graph_lib.finalized_template(dataset)
+    ops = [node.op for node in template.graph.node]
+    assert "PrivateThreadPoolDataset" in ops and "ParallelMapDatasetV2" in ops, "finalized as the options say"
+    copy = template.dataset(template.graph.SerializeToString())
+    kept = copy.options()
+    assert kept.experimental_warm_start is True
+    assert (kept.autotune.ram_budget, kept.autotune.min_parallelism) == (1 << 30, 2)
+    assert kept.experimental_optimization.apply_default_optimizations is False
+    assert kept.experimental_optimization.map_parallelization is None
+    assert kept.deterministic is None and kept.threading.private_threadpool_size is None, "already in the graph"
+    assert sorted(int(x) for x in copy) == list(range(1, 9))
+    plain = graph_lib.template(dataset)
+    assert plain.options is None and "MapDataset" in [node.op for node in plain.graph.node]
+
+
 def test_element_spec_round_trips():
     spec = {
         "a": tf.RaggedTensorSpec([None, None], tf.int32),

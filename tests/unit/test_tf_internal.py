@@ -68,3 +68,17 @@ def test_registered_op_names_lists_the_op_registry():
     names = tf_internal.registered_op_names()
     assert len(names) == len(set(names)) > 1000
     assert {"RangeDataset", "MapDataset", "WriteFile", "SaveV2"} <= set(names)
+
+
+def test_a_finalized_graph_holds_the_rewrites_and_runs_as_the_pipeline_does():
+    dataset = tf.data.Dataset.range(10).map(lambda x: x * 3).batch(4)
+    graph = tf_internal.finalized_dataset_graph(dataset)
+    ops = [node.op for node in graph.node]
+    assert "MapAndBatchDataset" in ops and "MapDataset" not in ops, "the default map-and-batch fusion"
+    assert ops.count("ModelDataset") == 1, "the autotuning model"
+    devices = {node.device for node in graph.node} | {n.device for f in graph.library.function for n in f.node_def}
+    assert devices == {""}
+    copy = tf.data.experimental.from_variant(
+        tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString()), dataset.element_spec
+    )
+    assert [list(b) for b in copy.as_numpy_iterator()] == [list(b) for b in dataset.as_numpy_iterator()]
