@@ -413,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         quiet_tensorflow()
         import tensorflow as tf
 
+        if args.role == "worker" and tensorflow_settings.leave_out_tfg_function_pass():
+            logging.getLogger(__name__).info("Grappler's TFG hook is left out of the pipelines' functions")
+
         from dataservice.worker.worker_server import WorkerServer
 
         start_errors += (tf.errors.OpError,)

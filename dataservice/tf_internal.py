@@ -4,9 +4,10 @@ The service needs a few things that TensorFlow has no public API for: the
 serialized graph of a dataset (also as finalized for its first iterator), the
 variant tensor behind it, the memory of an eager tensor without a copy, the
 element-spec coder, the flat types and shapes of a structure, the iterator's
-resource and the op that reads it, warnings to silence, and a test
-transformation. A TensorFlow upgrade that moves one of them touches this file
-alone; tests/unit/test_tf_internal.py fails on the upgrade when one is gone.
+resource and the op that reads it, a Grappler setting in the eager context's
+configuration, warnings to silence, and a test transformation. A TensorFlow
+upgrade that moves one of them touches this file alone;
+tests/unit/test_tf_internal.py fails on the upgrade when one is gone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
-from tensorflow.core.protobuf import struct_pb2
+from tensorflow.core.protobuf import config_pb2, struct_pb2
 from tensorflow.python.data.experimental.ops import testing as _data_testing
 from tensorflow.python.data.util import structure as _structure
 from tensorflow.python.eager import context as _context
@@ -123,6 +124,22 @@ def remove_eager_functions(names: Sequence[str]) -> None:
     for name in names:
         if context.has_function(name):
             context.remove_function(name)
+
+
+def leave_out_tfg_function_pass() -> bool:
+    """Turns off Grappler's TFG hook (an MLIR import, shape inference and export of each graph)
+    in the configuration of this process's TensorFlow context, which the functions it
+    instantiates are optimized under. TensorFlow's public optimizer options do not name the
+    setting. Only possible before the context starts (its first op): returns whether it was."""
+    context = _context.context()
+    if context._context_handle is not None:
+        return False
+    config = config_pb2.ConfigProto()
+    if context._config is not None:
+        config.CopyFrom(context._config)
+    config.graph_options.rewrite_options.disable_tfg_optimizer = True
+    context._config = config
+    return True
 
 
 def eager_mode():

@@ -336,9 +336,11 @@ def test_processes_serve_metrics_status_and_json_logs(processes):
     assert task_created and {"job_id", "iteration_id", "task_id", "worker"} <= set(task_created[0])
     assert task_created[0]["worker"] == worker.address
     assert any(e["message"] == "worker registered" and e["worker"] == worker.address for e in events)
-    # A worker turns TensorFlow's oneDNN rewrites off for its pipelines (worker/tensorflow_settings.py).
+    # A worker turns TensorFlow's oneDNN rewrites and the TFG hook off for its pipelines
+    # (worker/tensorflow_settings.py).
     worker_events = [json.loads(line) for line in worker.stderr_lines if line.startswith("{")]
     assert any("oneDNN graph rewrites are off" in e["message"] for e in worker_events), worker_events
+    assert any("TFG hook is left out" in e["message"] for e in worker_events), worker_events
 
 
 def test_monitoring_can_be_turned_off(processes):

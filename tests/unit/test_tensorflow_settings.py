@@ -42,3 +42,41 @@ def test_an_explicit_setting_is_left_as_it_is():
     kept = {tensorflow_settings.ONEDNN_ENV: "1"}
     assert not tensorflow_settings.leave_out_onednn_rewrites(kept)
     assert kept == {tensorflow_settings.ONEDNN_ENV: "1"}
+
+
+_TFG_PROBE = """
+import sys
+import tensorflow as tf
+from dataservice.worker import tensorflow_settings
+if sys.argv[1] == "leave-out":
+    assert tensorflow_settings.leave_out_tfg_function_pass()
+options = tf.data.Options()  # no rewrites of the pipeline's graph: what is optimized is its function
+options.experimental_optimization.apply_default_optimizations = False
+options.autotune.enabled = False
+dataset = tf.data.Dataset.range(4).map(lambda x: x * 2).with_options(options)
+print("READ", flush=True)
+assert [int(x) for x in dataset] == [0, 2, 4, 6]
+assert not tensorflow_settings.leave_out_tfg_function_pass(), "too late once TensorFlow has run an op"
+"""
+
+
+def _tfg_runs_on_a_function(*args: str) -> int:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="meta_optimizer=1")
+    out = subprocess.run(
+        [sys.executable, "-c", _TFG_PROBE, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout[-2000:]
+    after = out.stdout.split("READ", 1)[1]
+    assert "Starting optimization for grappler item: __inference_Dataset_map" in after, after[-2000:]
+    return after.count("tfg_optimizer")
+
+
+@pytest.mark.timeout(300)
+def test_the_tfg_hook_is_left_out_of_the_functions_a_worker_instantiates():
+    assert _tfg_runs_on_a_function("keep") > 0
+    assert _tfg_runs_on_a_function("leave-out") == 0
