@@ -198,16 +198,14 @@ def _drop_options_datasets(graph: graph_pb2.GraphDef) -> None:
         return
 
     def upstream(name: str) -> str:
-        while name in dropped:
-            name = dropped[name]
+        while name.split(":")[0] in dropped:
+            name = dropped[name.split(":")[0]]
         return name
 
     kept = [node for node in graph.node if node.name not in dropped]
     for node in kept:
         for i, name in enumerate(node.input):
-            source = name.split(":")[0]
-            if source in dropped:
-                node.input[i] = upstream(source)
+            node.input[i] = upstream(name)
     del graph.node[:]
     graph.node.extend(kept)
 

@@ -53,13 +53,16 @@ def test_copies_of_a_finalized_pipeline_keep_its_runtime_options_and_ask_for_no_
     options.deterministic = False
     options.threading.private_threadpool_size = 3
     options.experimental_optimization.map_parallelization = True
-    dataset = tf.data.Dataset.range(8).map(lambda x: x + 1).with_options(options)
+    more = tf.data.Options()
+    more.experimental_symbolic_checkpoint = True
+    dataset = tf.data.Dataset.range(8).map(lambda x: x + 1).with_options(options).with_options(more)
     template = graph_lib.finalized_template(dataset)
+    assert "OptionsDataset" not in [node.op for node in template.graph.node], "applied, and left out"
     ops = [node.op for node in template.graph.node]
     assert "PrivateThreadPoolDataset" in ops and "ParallelMapDatasetV2" in ops, "finalized as the options say"
     copy = template.dataset(template.graph.SerializeToString())
     kept = copy.options()
-    assert kept.experimental_warm_start is True
+    assert kept.experimental_warm_start is True and kept.experimental_symbolic_checkpoint is True
     assert (kept.autotune.ram_budget, kept.autotune.min_parallelism) == (1 << 30, 2)
     assert kept.experimental_optimization.apply_default_optimizations is False
     assert kept.experimental_optimization.map_parallelization is None
