@@ -79,8 +79,9 @@ class _Entry:
         # The whole dataset chunked, by chunk cap (a few powers of two).
         self.whole_chunked: dict[int, ChunkedDataset] = {}
         # Where the pipeline has seed generators: the whole pipeline chunked and finalized once,
-        # by chunk cap, the template of each task's reseeded copy, with how it is chunked.
-        self.seeded_chunked: dict[int, tuple[graph_lib.Template, _ChunkForm]] = {}
+        # by chunk cap, the template of each task's reseeded copy (with its graph serialized),
+        # with how it is chunked.
+        self.seeded_chunked: dict[int, tuple[graph_lib.Template, bytes, _ChunkForm]] = {}
         # A seeded shuffle or random source: each task builds its own copy (pipeline/seeds.py).
         self.seeded = seeds.has_seed_generators(graph_lib.parse_graph(graph_def))
         # The sources distributed_epoch splits, found when its first task comes.
@@ -286,13 +287,14 @@ class DatasetCache:
         # copies' seeds differ, so no dataset object is shared, but their optimization is).
         cap = chunk_cap(entry.codec, entry.rate, max_chunk)
 
-        def finish() -> tuple[graph_lib.Template, _ChunkForm]:
+        def finish() -> tuple[graph_lib.Template, bytes, _ChunkForm]:
             chunked = chunked_dataset(self.whole_dataset(dataset_id), entry.codec, cap)
             template = graph_lib.finalized_template(chunked.chunks)
-            return template, (chunked.in_graph, chunked.cap, chunked.chunk_rank)
+            form = (chunked.in_graph, chunked.cap, chunked.chunk_rank)
+            return template, template.graph.SerializeToString(), form
 
-        template, form = self._kept(entry.seeded_chunked, cap, finish)
-        chunks = template.dataset(task_graph(template.graph.SerializeToString(), repetition))
+        template, graph_bytes, form = self._kept(entry.seeded_chunked, cap, finish)
+        chunks = template.dataset(task_graph(graph_bytes, repetition))
         return ChunkIterator(ChunkedDataset(None, chunks, *form), entry.codec, entry.rate)
 
     # ---- preparing ahead of tasks -----------------------------------------
