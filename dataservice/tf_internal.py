@@ -2,12 +2,13 @@
 
 The service needs a few things that TensorFlow has no public API for: the
 serialized graph of a dataset (also as finalized for its first iterator), the
-variant tensor behind it, the memory of an eager tensor without a copy, the
-element-spec coder, the flat types and shapes of a structure, the iterator's
-resource and the op that reads it, a Grappler setting in the eager context's
-configuration, warnings to silence, and a test transformation. A TensorFlow
-upgrade that moves one of them touches this file alone;
-tests/unit/test_tf_internal.py fails on the upgrade when one is gone.
+variant tensor behind it, the memory of an eager tensor without a copy, a
+scan whose function may end the dataset, the element-spec coder, the flat
+types and shapes of a structure, the iterator's resource and the op that
+reads it, a Grappler setting in the eager context's configuration, warnings
+to silence, and a test transformation. A TensorFlow upgrade that moves one of
+them touches this file alone; tests/unit/test_tf_internal.py fails on the
+upgrade when one is gone.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2, struct_pb2
 from tensorflow.python.data.experimental.ops import testing as _data_testing
+from tensorflow.python.data.ops import dataset_ops as _dataset_ops
 from tensorflow.python.data.util import structure as _structure
 from tensorflow.python.eager import context as _context
 from tensorflow.python.ops import gen_dataset_ops as _gen_dataset_ops
+from tensorflow.python.ops import gen_experimental_dataset_ops as _gen_experimental_dataset_ops
 from tensorflow.python.saved_model import nested_structure_coder as _nested_structure_coder
 from tensorflow.python.util import deprecation as _deprecation
 
@@ -172,6 +175,39 @@ def has_finite_selector(dataset: tf.data.Dataset) -> bool:
 def variant_tensor(dataset: tf.data.Dataset) -> tf.Tensor:
     """The DT_VARIANT tensor that stands for the dataset in graphs and raw ops."""
     return dataset._variant_tensor
+
+
+class _EndingScanDataset(_dataset_ops.UnaryDataset):
+    """`Dataset.scan` whose function ends the dataset by failing with OutOfRange, as the
+    ScanDataset op does when told not to preserve its input's cardinality (tf.data's public
+    scan always tells it to, and turns the error into InvalidArgument)."""
+
+    def __init__(self, input_dataset: tf.data.Dataset, initial_state: Any, scan_func: Callable):
+        # The public scan traces the function and works out the state's structure; its op is
+        # made again here with the one attribute changed.
+        scanned = input_dataset.scan(initial_state, scan_func)
+        self._element_spec_of_scan = scanned.element_spec
+        variant = _gen_experimental_dataset_ops.scan_dataset(
+            input_dataset._variant_tensor,
+            _structure.to_tensor_list(scanned._state_structure, scanned._initial_state),
+            scanned._scan_func.function.captured_inputs,
+            f=scanned._scan_func.function,
+            preserve_cardinality=False,
+            **scanned._common_args,
+        )
+        super().__init__(input_dataset, variant)
+
+    @property
+    def element_spec(self) -> Any:
+        return self._element_spec_of_scan
+
+
+def ending_scan(dataset: tf.data.Dataset, initial_state: Any, scan_func: Callable) -> tf.data.Dataset:
+    """`dataset.scan(initial_state, scan_func)`, ended early where `scan_func` fails with
+    OutOfRange: a `tf.numpy_function` in it raising StopIteration. Ending the data from the
+    scan's own function spares a take_while after it, whose function tf.data would otherwise
+    optimize and instantiate for every iterator."""
+    return _EndingScanDataset(dataset, initial_state, scan_func)
 
 
 def tensor_memory(tensor: tf.Tensor) -> np.ndarray:

@@ -93,17 +93,6 @@ class ChunkLayout:
                     ]
         return out
 
-    def empty(self) -> list[np.ndarray]:
-        """The arrays of a chunk of no element."""
-        out = []
-        for dtype, shape in zip(self.types, self.shapes):
-            if dtype == tf.string:
-                out.append(np.array(b"", dtype=object))
-            else:
-                dims = [0 if d is None else d for d in shape.as_list()]
-                out.append(np.zeros(dims, dtype.as_numpy_dtype))
-        return out
-
     # ---- graph side: elements from a chunk's arrays ------------------------
 
     def batched(self, arrays: Sequence[tf.Tensor]) -> list[Any]:

@@ -8,14 +8,19 @@ saved). So the elements reach tf.data through ops that can:
       .scan(state, step)            call k: the reader's next chunk, with the reader's progress
                                     after it (elements taken per task, and each task's latest
                                     receipt); the state: a token naming the iterator's reader
-                                    (made at the first call) and that progress
-      .take_while(not empty)        (every chunk holds elements, but the last)
+                                    (made at the first call) and that progress. At the end of
+                                    the data the call raises StopIteration, which ends the scan
+                                    (tf_internal.ending_scan)
       .unbatch() or                 the chunk's elements (chunk_layout.py)
       .flat_map(elements)
 
-Few ops, and no dataset made per iterator before its first chunk: making a
-tf.data iterator costs milliseconds per function it instantiates, which is
-most of a service dataset's time to its first element.
+Few ops and functions, and no dataset made per iterator before its first
+chunk: making a tf.data iterator costs milliseconds per function it optimizes
+and instantiates, which is most of a service dataset's time to its first
+element. So the scan's own call ends the data, rather than an empty chunk
+and a take_while (a function more); unbatch and flat_map, once their input
+has ended, never call it again, also when restored from a checkpoint taken
+after the end.
 
 The scan's state is what a checkpoint needs to resume: per task of the
 iteration, the elements that went past the scan (what the flat_map and
@@ -23,8 +28,8 @@ later ops still hold, tf.data saves with them). A restored iterator calls
 fetch with a token this process has no reader for (a new process) or with a
 call number its reader did not expect (restored in the same process): fetch
 then opens a reader on a new iteration continuing from the restored state
-it is given (ResumeIteration; see dispatcher/resume.py) and answers with an
-empty chunk and that reader's progress.
+it is given (ResumeIteration; see dispatcher/resume.py) and answers with
+that reader's first chunk.
 
 A reader is closed when its data ends, or when the iterator is destroyed: the
 token is a numpy array that TensorFlow adopts without copying, so the tensor
@@ -45,6 +50,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
+from dataservice import tf_internal
 from dataservice.client.chunk_layout import ChunkLayout
 from dataservice.client.reader import IterationReader
 from dataservice.rpc.dispatcher_client import TaskPosition
@@ -159,13 +165,11 @@ class SaveableStream:
             return (token, *progress), chunk
 
         start = (tf.zeros([2], tf.int64), *(tf.zeros([0], dtype) for dtype in progress_types))
-        chunks = tf.data.Dataset.range(2**62).scan(start, step)
-        # Every chunk fetch gives holds an element, but the last: the end of the data.
+        chunks = tf_internal.ending_scan(tf.data.Dataset.range(2**62), start, step)
         if layout.unbatched:
-            first = lambda chunk: tf.nest.flatten(chunk)[0]  # noqa: E731 - [n, ...]: n elements
-            elements = chunks.take_while(lambda *chunk: tf.shape(first(chunk))[0] > 0).unbatch()
+            elements = chunks.unbatch()
         else:
-            elements = chunks.take_while(lambda count, *_: count > 0).flat_map(lambda *arrays: layout.elements(arrays))
+            elements = chunks.flat_map(lambda *arrays: layout.elements(arrays))
         # No stateless map after the scan: tf.data would run it in parallel, reading ahead of the
         # consumer, and a parallel_epochs task counts as consumed when fetch is called past its end.
         options = tf.data.Options()
@@ -242,8 +246,8 @@ class SaveableStream:
             return None
 
     def _fetch(self, token: np.ndarray, k: np.int64, *saved: np.ndarray):
-        """Call `k` of an iterator: (token, *progress, *chunk arrays), the chunk empty only at
-        the end of the data (`saved`: the progress the scan holds, Slot.progress). The first
+        """Call `k` of an iterator: (token, *progress, *chunk arrays); StopIteration at the end
+        of the data (`saved`: the progress the scan holds, Slot.progress). The first
         call makes the iterator's token; a call with a token or number this process does not
         expect is a restored iterator's, whose reader resumes from the saved progress."""
         handle, repetition, call = int(token[0]), int(token[1]), int(k)
@@ -267,14 +271,14 @@ class SaveableStream:
         return (token, *self._next(slot))
 
     def _next(self, slot: _Slot):
-        """The progress after the next chunk, and its arrays; an empty chunk at the end."""
+        """The progress after the next chunk, and its arrays; StopIteration at the end, which
+        ends the scan (and so the data) without a call more."""
         if slot.chunks is None:
             raise RuntimeError("an iterator's slot was read before its reader opened")
         taken = next(slot.chunks, None)
         if taken is None:
-            progress = slot.progress()
             self._discard(slot)
-            return (*progress, *self._layout.empty())
+            raise StopIteration
         chunk, parts = taken
         for task_id, count in parts:
             slot.handed[task_id] = slot.handed.get(task_id, 0) + count

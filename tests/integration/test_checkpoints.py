@@ -75,6 +75,26 @@ def test_repeat_after_distribute_resumes_in_the_saved_epoch(cluster2, tmp_path):
         assert sorted(seen[epoch * n : (epoch + 1) * n]) == [10 * i for i in range(n)], f"epoch {epoch}"
 
 
+def test_a_checkpoint_taken_at_the_end_restores_an_ended_iterator_without_a_new_iteration(tmp_path):
+    cluster = in_process_cluster(1)
+    try:
+        ds = tf.data.Dataset.range(300).apply(service.distribute("parallel_epochs", cluster.target))
+        iterator = iter(ds)
+        assert _read(iterator) == list(range(300))
+        with pytest.raises(StopIteration):
+            next(iterator)
+        path = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
+        iterations = cluster.dispatcher.state_summary()["iterations"]
+        restored = iter(ds)
+        tf.train.Checkpoint(iterator=restored).restore(path)
+        with pytest.raises(StopIteration):
+            next(restored)
+        # Neither a second call past the end nor the restored iterator resumed a reader.
+        assert cluster.dispatcher.state_summary()["iterations"] == iterations
+    finally:
+        cluster.stop()
+
+
 def test_from_dataset_id_iterators_save_and_restore(cluster2, tmp_path):
     dataset_id = service.register_dataset(cluster2.target, _pipeline(800))
     ds = service.from_dataset_id("distributed_epoch", cluster2.target, dataset_id)

@@ -4,6 +4,7 @@ A TensorFlow upgrade that moves one of them fails here, naming it, rather than d
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
@@ -82,3 +83,42 @@ def test_a_finalized_graph_holds_the_rewrites_and_runs_as_the_pipeline_does():
         tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString()), dataset.element_spec
     )
     assert [list(b) for b in copy.as_numpy_iterator()] == [list(b) for b in dataset.as_numpy_iterator()]
+
+
+def _counting_scan(calls: list[int], end_at: int, error: type[Exception] = StopIteration) -> tf.data.Dataset:
+    """range(inf) through an ending scan whose call k gives [0..k] and raises `error` at `end_at`."""
+
+    def fetch(state, k):
+        calls.append(int(k))
+        if k == end_at:
+            raise error("the end")
+        return state + 1, np.arange(k + 1, dtype=np.int64)
+
+    def step(state, k):
+        state, chunk = tf.numpy_function(fetch, [state, k], [tf.int64, tf.int64], stateful=True)
+        state.set_shape([])
+        chunk.set_shape([None])
+        return state, chunk
+
+    return tf_internal.ending_scan(tf.data.Dataset.range(2**62), tf.constant(0, tf.int64), step)
+
+
+def test_an_ending_scan_ends_where_its_function_raises_stop_iteration():
+    calls: list[int] = []
+    dataset = _counting_scan(calls, end_at=3).unbatch()
+    assert dataset.element_spec == tf.TensorSpec([], tf.int64)
+    iterator = iter(dataset)
+    assert [int(x) for x in iterator] == [0, 0, 1, 0, 1, 2]
+    # Once ended, unbatch does not call the scan again: the function ran once past the data.
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(iterator)
+    assert calls == [0, 1, 2, 3]
+
+
+def test_an_ending_scan_still_fails_on_other_errors():
+    dataset = _counting_scan([], end_at=1, error=ValueError)
+    iterator = iter(dataset)
+    assert list(next(iterator).numpy()) == [0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the end"):
+        next(iterator)
