@@ -24,6 +24,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2, struct_pb2
 from tensorflow.python.data.experimental.ops import testing as _data_testing
 from tensorflow.python.data.ops import dataset_ops as _dataset_ops
+from tensorflow.python.data.ops import structured_function as _structured_function
 from tensorflow.python.data.util import structure as _structure
 from tensorflow.python.eager import context as _context
 from tensorflow.python.ops import gen_dataset_ops as _gen_dataset_ops
@@ -180,26 +181,52 @@ def variant_tensor(dataset: tf.data.Dataset) -> tf.Tensor:
 class _EndingScanDataset(_dataset_ops.UnaryDataset):
     """`Dataset.scan` whose function ends the dataset by failing with OutOfRange, as the
     ScanDataset op does when told not to preserve its input's cardinality (tf.data's public
-    scan always tells it to, and turns the error into InvalidArgument)."""
+    scan always tells it to, and turns the error into InvalidArgument).
+
+    The function is marked `experimental_ints_on_device` (as tf.data's own prefetch_to_device
+    marks its functions): tf.data then instantiates it on the iterator's one device, without the
+    full Grappler pass it gives every function it could place on several (no placement to
+    decide here: the function runs where its iterator does)."""
 
     def __init__(self, input_dataset: tf.data.Dataset, initial_state: Any, scan_func: Callable):
-        # The public scan traces the function and works out the state's structure; its op is
-        # made again here with the one attribute changed.
-        scanned = input_dataset.scan(initial_state, scan_func)
-        self._element_spec_of_scan = scanned.element_spec
+        self._name = None
+        state = _structure.normalize_element(initial_state)
+        state_spec = _structure.type_spec_from_value(state)
+        # As tf.data's scan does: trace, and trace again once with the state's shapes relaxed to
+        # what the function returns (a state that starts empty and grows, say).
+        for _ in range(2):
+            wrapped = _structured_function.StructuredFunctionWrapper(
+                scan_func,
+                "ending_scan",
+                input_structure=(state_spec, input_dataset.element_spec),
+                add_to_graph=False,
+                defun_kwargs={"experimental_ints_on_device": True},
+            )
+            new_state_spec, self._scan_element_spec = wrapped.output_structure
+            tf.nest.assert_same_structure(state_spec, new_state_spec)
+            for old, new in zip(tf.nest.flatten(state_spec), tf.nest.flatten(new_state_spec)):
+                if old.dtype != new.dtype:
+                    raise TypeError(f"scan_func's new state {new_state_spec} has other types than {state_spec}")
+            relaxed = tf.nest.map_structure(
+                lambda old, new: old.most_specific_common_supertype([new]), state_spec, new_state_spec
+            )
+            if relaxed == state_spec:
+                break
+            state_spec = relaxed
+        wrapped.function.add_to_graph(tf.compat.v1.get_default_graph())
         variant = _gen_experimental_dataset_ops.scan_dataset(
             input_dataset._variant_tensor,
-            _structure.to_tensor_list(scanned._state_structure, scanned._initial_state),
-            scanned._scan_func.function.captured_inputs,
-            f=scanned._scan_func.function,
+            _structure.to_tensor_list(state_spec, state),
+            wrapped.function.captured_inputs,
+            f=wrapped.function,
             preserve_cardinality=False,
-            **scanned._common_args,
+            **self._common_args,
         )
         super().__init__(input_dataset, variant)
 
     @property
     def element_spec(self) -> Any:
-        return self._element_spec_of_scan
+        return self._scan_element_spec
 
 
 def ending_scan(dataset: tf.data.Dataset, initial_state: Any, scan_func: Callable) -> tf.data.Dataset:

@@ -3,6 +3,10 @@
 A TensorFlow upgrade that moves one of them fails here, naming it, rather than deep in a worker.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -122,3 +126,57 @@ def test_an_ending_scan_still_fails_on_other_errors():
     assert list(next(iterator).numpy()) == [0]
     with pytest.raises(tf.errors.InvalidArgumentError, match="the end"):
         next(iterator)
+
+
+_SCAN_OPTIMIZATIONS_COUNTED = """
+import numpy as np, tensorflow as tf
+from dataservice import tf_internal
+
+def fetch(state, k):
+    if k == 2:
+        raise StopIteration
+    return state, np.arange(3, dtype=np.int64)
+
+def step(state, k):
+    state, chunk = tf.numpy_function(fetch, [state, k], [tf.int64, tf.int64], stateful=True)
+    state.set_shape([])
+    chunk.set_shape([None])
+    return state, chunk
+
+for scan in ("public", "ending", "ending"):
+    start, numbers = tf.constant(0, tf.int64), tf.data.Dataset.range(2**62)
+    if scan == "public":
+        dataset = numbers.scan(start, step).take(2)
+    else:
+        dataset = tf_internal.ending_scan(numbers, start, step)
+    print("SCAN", scan, flush=True)
+    assert [list(c) for c in dataset.as_numpy_iterator()] == [[0, 1, 2], [0, 1, 2]]
+print("SCAN done", flush=True)
+"""
+
+
+def test_an_ending_scans_function_is_not_optimized_at_each_iterator():
+    """tf.data gives a function it could place on several devices a Grappler pass of its own at
+    every iterator; the ending scan's function, marked to run on the iterator's device, none.
+    Counted from TensorFlow's log, in a process of its own; the public scan shows the log works."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="meta_optimizer=1")
+    run = subprocess.run(
+        [sys.executable, "-c", _SCAN_OPTIMIZATIONS_COUNTED],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    items: dict[str, list[str]] = {}
+    scan = None
+    for line in run.stdout.splitlines():
+        if line.startswith("SCAN "):
+            scan = line.split()[1]
+            items.setdefault(scan, [])
+        elif scan and "Starting optimization for grappler item:" in line:
+            items[scan].append(line.rsplit(":", 1)[1].strip())
+    assert "graph" in items["public"] and any("scan" in item.lower() for item in items["public"]), items
+    # Two iterators of an ending scan: each pipeline's static optimizations, nothing more.
+    assert items["ending"] == ["graph", "graph"], items
