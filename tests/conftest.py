@@ -7,6 +7,8 @@ import dataclasses
 import gc
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -176,6 +178,23 @@ def processes():
     yield start
     for p in started:
         p.kill()
+
+
+def run_with_grappler_log(code: str, *args: str, timeout_s: float = 120) -> str:
+    """Runs `code` in a fresh Python process with TensorFlow's Grappler log on ("Starting
+    optimization for grappler item: NAME" per optimization) and returns its output, the log's
+    lines among the code's own prints (one stream); fails if the process does."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="meta_optimizer=1")
+    run = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    return run.stdout
 
 
 def wait_for_workers(address: str, count: int, timeout_s: float = 60.0, tls=None) -> None:

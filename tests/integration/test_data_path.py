@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_with_grappler_log
 
 import dataservice as service
 from dataservice.local_cluster import LocalCluster
@@ -202,27 +203,18 @@ def test_tasks_of_a_seeded_pipeline_share_one_run_of_the_static_optimizations():
     iterator of each dataset object, and each task of a seeded pipeline needs an object of its
     own. Its graph is finalized once per chunk cap; the tasks' copies are not optimized again.
     Counted from TensorFlow's own log, in a process of its own, for both task paths."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="meta_optimizer=1")
-    run = subprocess.run(
-        [sys.executable, "-c", _OPTIMIZATIONS_COUNTED],
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,  # one stream: the log's lines fall between the tasks' markers
-        text=True,
-        timeout=180,
-    )
-    assert run.returncode == 0, run.stdout[-3000:]
+    output = run_with_grappler_log(_OPTIMIZATIONS_COUNTED, timeout_s=180)
     optimized: dict[str, int] = {}
     caps: dict[str, int] = {}
     path = None
-    for line in run.stdout.splitlines():
+    for line in output.splitlines():
         if line.startswith("TASK "):
             path = line.split()[1]
         elif line.startswith("CAPS "):
             caps[line.split()[1]] = int(line.split()[2])
         elif path and "Starting optimization for grappler item: graph" in line:
             optimized[path] = optimized.get(path, 0) + 1
-    assert set(caps) == {"split", "whole"}, run.stdout[-2000:]
+    assert set(caps) == {"split", "whole"}, output[-2000:]
     assert optimized.get("split", 0) == caps["split"], (optimized, caps)
     assert optimized.get("whole", 0) == caps["whole"], (optimized, caps)
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_with_grappler_log
 
 from dataservice.worker import tensorflow_settings
 
@@ -61,17 +62,8 @@ assert not tensorflow_settings.leave_out_tfg_function_pass(), "too late once Ten
 
 
 def _tfg_runs_on_a_function(*args: str) -> int:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="meta_optimizer=1")
-    out = subprocess.run(
-        [sys.executable, "-c", _TFG_PROBE, *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stdout[-2000:]
-    after = out.stdout.split("READ", 1)[1]
+    out = run_with_grappler_log(_TFG_PROBE, *args)
+    after = out.split("READ", 1)[1]
     assert "Starting optimization for grappler item: __inference_Dataset_map" in after, after[-2000:]
     return after.count("tfg_optimizer")
 

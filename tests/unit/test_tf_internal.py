@@ -3,13 +3,10 @@
 A TensorFlow upgrade that moves one of them fails here, naming it, rather than deep in a worker.
 """
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_with_grappler_log
 from tensorflow.core.framework import graph_pb2
 
 from dataservice import tf_internal
@@ -159,19 +156,10 @@ def test_an_ending_scans_function_is_not_optimized_at_each_iterator():
     """tf.data gives a function it could place on several devices a Grappler pass of its own at
     every iterator; the ending scan's function, marked to run on the iterator's device, none.
     Counted from TensorFlow's log, in a process of its own; the public scan shows the log works."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="meta_optimizer=1")
-    run = subprocess.run(
-        [sys.executable, "-c", _SCAN_OPTIMIZATIONS_COUNTED],
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stdout[-3000:]
+    output = run_with_grappler_log(_SCAN_OPTIMIZATIONS_COUNTED)
     items: dict[str, list[str]] = {}
     scan = None
-    for line in run.stdout.splitlines():
+    for line in output.splitlines():
         if line.startswith("SCAN "):
             scan = line.split()[1]
             items.setdefault(scan, [])
