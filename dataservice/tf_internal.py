@@ -192,9 +192,10 @@ class _EndingScanDataset(_dataset_ops.UnaryDataset):
         self._name = None
         state = _structure.normalize_element(initial_state)
         state_spec = _structure.type_spec_from_value(state)
-        # As tf.data's scan does: trace, and trace again once with the state's shapes relaxed to
-        # what the function returns (a state that starts empty and grows, say).
-        for _ in range(2):
+        # As tf.data's scan does: trace, and trace again with the state's shapes relaxed to what
+        # the function returns (a state that starts empty and grows, say) until they hold. Each
+        # pass only relaxes, so this ends (at unknown ranks, the least specific shapes).
+        while True:
             wrapped = _structured_function.StructuredFunctionWrapper(
                 scan_func,
                 "ending_scan",
